@@ -1,0 +1,44 @@
+//! Every byte ssdcache reads or writes goes through [`BlockDevice`], so tests can put memory,
+//! fault-injecting or crash-simulating devices where real files and disks would be.
+
+mod aligned;
+mod file;
+pub mod identity;
+mod memory;
+
+pub use aligned::AlignedBuf;
+pub use file::{FileDevice, OpenOptions};
+pub use memory::MemDevice;
+
+use std::io;
+
+/// Alignment of buffers, offsets and lengths for O_DIRECT.
+pub const ALIGN: usize = 4096;
+
+/// A device addressed in bytes. Offsets and lengths passed by the engine are multiples of 4096;
+/// buffers need not be aligned (implementations that need alignment bounce).
+pub trait BlockDevice: Send + Sync {
+    fn size(&self) -> u64;
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable (fdatasync).
+    fn flush(&self) -> io::Result<()>;
+    /// Discards a range. Returns `Ok(false)` when the device cannot discard (a hint, not an error).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<bool>;
+    /// Makes a range read as zeroes, cheaply where the device can.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// A short description for logs and errors (the path, usually).
+    fn describe(&self) -> String;
+}
+
+/// Writes zeroes with ordinary writes, 1 MiB at a time, for devices with no cheaper way.
+pub fn write_zeroes_by_writing(dev: &dyn BlockDevice, offset: u64, len: u64) -> io::Result<()> {
+    let chunk = AlignedBuf::zeroed(1 << 20);
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(chunk.len() as u64) as usize;
+        dev.write_at(&chunk[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! Where each region of a cache device lives, derived from the cache size and line size.
+
+use crate::lines::MetaPage;
+use crate::{MAX_LINE_SIZE, MIN_LINE_SIZE, SECTOR_SIZE};
+
+/// Two superblock copies, 64 KiB each, at the very start.
+pub const SUPERBLOCK_COPY_SIZE: u64 = 64 * 1024;
+/// Metadata starts at 1 MiB so the superblocks never share an erase block with it.
+pub const META_OFFSET: u64 = 1 << 20;
+/// The smallest cache accepted: below this the metadata overhead dominates.
+pub const MIN_CACHE_SIZE: u64 = 16 << 20;
+/// The fewest lines a useful cache has.
+pub const MIN_LINE_COUNT: u64 = 64;
+const MIN_JOURNAL: u64 = 4 << 20;
+const MAX_JOURNAL: u64 = 256 << 20;
+const REGION_ALIGN: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub cache_size: u64,
+    pub line_size: u64,
+    pub meta_offset: u64,
+    pub meta_len: u64,
+    pub journal_offset: u64,
+    pub journal_len: u64,
+    pub data_offset: u64,
+    pub line_count: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LayoutError {
+    #[error("size {0} bytes is not a multiple of 4096; use a size in whole 4 KiB sectors")]
+    Unaligned(u64),
+    #[error("line size {0} is not a power of two between 4 KiB and 1 MiB")]
+    BadLineSize(u64),
+    #[error(
+        "cache of {size} bytes is too small: at least {min} bytes and {lines} lines of the chosen \
+         line size are needed; use a bigger cache device or a smaller --line-size"
+    )]
+    TooSmall { size: u64, min: u64, lines: u64 },
+}
+
+impl Layout {
+    /// Lays out a cache of `cache_size` bytes with lines of `line_size` bytes.
+    pub fn compute(cache_size: u64, line_size: u64) -> Result<Layout, LayoutError> {
+        if cache_size % SECTOR_SIZE != 0 {
+            return Err(LayoutError::Unaligned(cache_size));
+        }
+        if !line_size.is_power_of_two() || !(MIN_LINE_SIZE..=MAX_LINE_SIZE).contains(&line_size) {
+            return Err(LayoutError::BadLineSize(line_size));
+        }
+        let too_small = LayoutError::TooSmall {
+            size: cache_size,
+            min: MIN_CACHE_SIZE,
+            lines: MIN_LINE_COUNT,
+        };
+        if cache_size < MIN_CACHE_SIZE {
+            return Err(too_small);
+        }
+        // Overhead shrinks as the line count shrinks, so this converges from above.
+        let mut lines = cache_size / line_size;
+        loop {
+            let layout = Self::with_lines(cache_size, line_size, lines);
+            let room = cache_size.saturating_sub(layout.data_offset) / line_size;
+            if room >= lines {
+                if lines < MIN_LINE_COUNT {
+                    return Err(too_small);
+                }
+                return Ok(layout);
+            }
+            lines = room;
+        }
+    }
+
+    fn with_lines(cache_size: u64, line_size: u64, line_count: u64) -> Layout {
+        let per_page = MetaPage::records_per_page(line_size);
+        let pages = line_count.div_ceil(per_page);
+        let meta_len = align_up((pages * SECTOR_SIZE).max(SECTOR_SIZE), REGION_ALIGN);
+        let journal_offset = META_OFFSET + meta_len;
+        let journal_len = align_up(meta_len.clamp(MIN_JOURNAL, MAX_JOURNAL), REGION_ALIGN);
+        let data_offset = align_up(journal_offset + journal_len, line_size.max(REGION_ALIGN));
+        Layout {
+            cache_size,
+            line_size,
+            meta_offset: META_OFFSET,
+            meta_len,
+            journal_offset,
+            journal_len,
+            data_offset,
+            line_count,
+        }
+    }
+
+    pub fn sectors_per_line(&self) -> u64 {
+        self.line_size / SECTOR_SIZE
+    }
+
+    /// Number of 4 KiB metadata pages that hold the line records.
+    pub fn meta_pages(&self) -> u64 {
+        self.line_count
+            .div_ceil(MetaPage::records_per_page(self.line_size))
+    }
+
+    /// Byte offset on the cache device of the data of line `slot`.
+    pub fn slot_offset(&self, slot: u64) -> u64 {
+        debug_assert!(slot < self.line_count, "slot {slot} out of range");
+        self.data_offset + slot * self.line_size
+    }
+
+    /// Checks that the regions are in order and inside the device (for a decoded superblock).
+    pub fn is_consistent(&self) -> bool {
+        let lines_ok = self.line_size.is_power_of_two()
+            && (MIN_LINE_SIZE..=MAX_LINE_SIZE).contains(&self.line_size);
+        let data_end = self
+            .line_count
+            .checked_mul(self.line_size)
+            .and_then(|d| d.checked_add(self.data_offset));
+        lines_ok
+            && self.meta_offset >= 2 * SUPERBLOCK_COPY_SIZE
+            && self.meta_len >= self.meta_pages() * SECTOR_SIZE
+            && self.journal_offset >= self.meta_offset + self.meta_len
+            && self.data_offset >= self.journal_offset + self.journal_len
+            && data_end.is_some_and(|end| end <= self.cache_size)
+    }
+}
+
+fn align_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to) * to
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_are_ordered_and_fit() {
+        for size in [16u64 << 20, 64 << 20, 1 << 30, 100 << 30, (1 << 40) + 4096] {
+            for line in [4096u64, 65536, 1 << 20] {
+                let Ok(l) = Layout::compute(size, line) else {
+                    assert!(size <= 64 << 20, "{size} {line} should fit");
+                    continue;
+                };
+                assert!(l.is_consistent(), "{l:?}");
+                assert!(l.line_count >= MIN_LINE_COUNT);
+                assert_eq!(l.data_offset % line, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn metadata_overhead_is_small() {
+        let l = Layout::compute(100 << 30, 65536).expect("layout");
+        let overhead = l.data_offset as f64 / l.cache_size as f64;
+        assert!(overhead < 0.002, "overhead {overhead}");
+    }
+
+    #[test]
+    fn rejects_bad_sizes() {
+        assert_eq!(
+            Layout::compute(4095 + (64 << 20), 65536),
+            Err(LayoutError::Unaligned(4095 + (64 << 20)))
+        );
+        assert!(matches!(
+            Layout::compute(8 << 20, 65536),
+            Err(LayoutError::TooSmall { .. })
+        ));
+        assert!(matches!(
+            Layout::compute(64 << 20, 3 * 4096),
+            Err(LayoutError::BadLineSize(_))
+        ));
+        assert!(matches!(
+            Layout::compute(64 << 20, 2 << 20),
+            Err(LayoutError::BadLineSize(_))
+        ));
+        assert!(matches!(
+            Layout::compute(16 << 20, 1 << 20),
+            Err(LayoutError::TooSmall { .. })
+        ));
+    }
+}

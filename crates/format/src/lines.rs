@@ -1,0 +1,271 @@
+//! Line records: what one cache line holds (which volume, which backing line, which sectors are
+//! valid and dirty), and the 4 KiB checksummed pages that store them.
+
+use crate::bytes::{crc_with_hole, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use crate::SECTOR_SIZE;
+
+/// Per-sector bits of one line; 256 bits cover the largest line (1 MiB / 4 KiB).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SectorBitmap(pub [u64; 4]);
+
+impl SectorBitmap {
+    pub fn get(&self, sector: usize) -> bool {
+        self.0[sector / 64] >> (sector % 64) & 1 == 1
+    }
+    pub fn set(&mut self, sector: usize, on: bool) {
+        let bit = 1u64 << (sector % 64);
+        if on {
+            self.0[sector / 64] |= bit;
+        } else {
+            self.0[sector / 64] &= !bit;
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+    pub fn count(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+}
+
+/// Volume id of a free line record.
+pub const FREE_VOLUME: u16 = u16::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineRecord {
+    /// Volume slot index, or `FREE_VOLUME`.
+    pub volume: u16,
+    pub flags: u16,
+    /// Index of the line on the backing volume (byte offset / line size).
+    pub backing_line: u64,
+    pub valid: SectorBitmap,
+    pub dirty: SectorBitmap,
+}
+
+impl LineRecord {
+    pub const FREE: LineRecord = LineRecord {
+        volume: FREE_VOLUME,
+        flags: 0,
+        backing_line: 0,
+        valid: SectorBitmap([0; 4]),
+        dirty: SectorBitmap([0; 4]),
+    };
+
+    /// Bytes of one bitmap on disk: one bit per sector, at least 8 bytes.
+    pub fn bitmap_bytes(line_size: u64) -> usize {
+        ((line_size / SECTOR_SIZE) as usize).div_ceil(8).max(8)
+    }
+
+    /// Bytes of one encoded record: 16-byte header, valid bitmap, dirty bitmap.
+    pub fn encoded_size(line_size: u64) -> usize {
+        16 + 2 * Self::bitmap_bytes(line_size)
+    }
+
+    pub fn is_free(&self) -> bool {
+        self.volume == FREE_VOLUME
+    }
+
+    pub fn encode(&self, line_size: u64, out: &mut [u8]) {
+        let bm = Self::bitmap_bytes(line_size);
+        put_u64(out, 0, self.backing_line);
+        put_u16(out, 8, self.volume);
+        put_u16(out, 10, self.flags);
+        put_u32(out, 12, 0);
+        put_bitmap(&mut out[16..16 + bm], &self.valid);
+        put_bitmap(&mut out[16 + bm..16 + 2 * bm], &self.dirty);
+    }
+
+    pub fn decode(line_size: u64, buf: &[u8]) -> LineRecord {
+        let bm = Self::bitmap_bytes(line_size);
+        LineRecord {
+            backing_line: get_u64(buf, 0),
+            volume: get_u16(buf, 8),
+            flags: get_u16(buf, 10),
+            valid: get_bitmap(&buf[16..16 + bm]),
+            dirty: get_bitmap(&buf[16 + bm..16 + 2 * bm]),
+        }
+    }
+}
+
+fn put_bitmap(out: &mut [u8], bits: &SectorBitmap) {
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&bits.0[i].to_le_bytes()[..chunk.len()]);
+    }
+}
+
+fn get_bitmap(buf: &[u8]) -> SectorBitmap {
+    let mut bits = SectorBitmap::default();
+    for (i, chunk) in buf.chunks(8).enumerate() {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        bits.0[i] = u64::from_le_bytes(w);
+    }
+    bits
+}
+
+pub const META_PAGE_MAGIC: u32 = 0x504d_4353; // "SCMP"
+const META_HEADER: usize = 32;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MetaPageError {
+    #[error("metadata page has bad magic {0:#x}")]
+    BadMagic(u32),
+    #[error("metadata page checksum mismatch (stored {stored:#x}, computed {computed:#x})")]
+    BadChecksum { stored: u32, computed: u32 },
+    #[error("metadata page belongs to checkpoint {found}, expected {expected}")]
+    WrongCheckpoint { found: u64, expected: u64 },
+    #[error("metadata page holds slots {first}..+{count}, expected slot {expected_first}")]
+    WrongSlots {
+        first: u64,
+        count: u32,
+        expected_first: u64,
+    },
+    #[error("metadata page record size {found} does not match line size (expected {expected})")]
+    WrongRecordSize { found: u32, expected: u32 },
+}
+
+/// One 4 KiB page of the checkpoint: header + consecutive line records.
+pub struct MetaPage;
+
+impl MetaPage {
+    pub fn records_per_page(line_size: u64) -> u64 {
+        ((SECTOR_SIZE as usize - META_HEADER) / LineRecord::encoded_size(line_size)) as u64
+    }
+
+    /// Encodes `records` (slots `first_slot..`) into a 4 KiB `page`.
+    pub fn encode(
+        checkpoint: u64,
+        first_slot: u64,
+        line_size: u64,
+        records: &[LineRecord],
+        page: &mut [u8],
+    ) {
+        assert_eq!(page.len(), SECTOR_SIZE as usize);
+        assert!(records.len() as u64 <= Self::records_per_page(line_size));
+        let rs = LineRecord::encoded_size(line_size);
+        page.fill(0);
+        put_u32(page, 0, META_PAGE_MAGIC);
+        put_u64(page, 8, checkpoint);
+        put_u64(page, 16, first_slot);
+        put_u32(page, 24, records.len() as u32);
+        put_u32(page, 28, rs as u32);
+        for (i, rec) in records.iter().enumerate() {
+            let at = META_HEADER + i * rs;
+            rec.encode(line_size, &mut page[at..at + rs]);
+        }
+        let crc = crc_with_hole(page, 4);
+        put_u32(page, 4, crc);
+    }
+
+    /// Decodes a page, checking magic, checksum, checkpoint number and slot range.
+    pub fn decode(
+        page: &[u8],
+        checkpoint: u64,
+        expected_first: u64,
+        line_size: u64,
+    ) -> Result<Vec<LineRecord>, MetaPageError> {
+        let magic = get_u32(page, 0);
+        if magic != META_PAGE_MAGIC {
+            return Err(MetaPageError::BadMagic(magic));
+        }
+        let stored = get_u32(page, 4);
+        let computed = crc_with_hole(page, 4);
+        if stored != computed {
+            return Err(MetaPageError::BadChecksum { stored, computed });
+        }
+        let found = get_u64(page, 8);
+        if found != checkpoint {
+            return Err(MetaPageError::WrongCheckpoint {
+                found,
+                expected: checkpoint,
+            });
+        }
+        let first = get_u64(page, 16);
+        let count = get_u32(page, 24);
+        if first != expected_first || u64::from(count) > Self::records_per_page(line_size) {
+            return Err(MetaPageError::WrongSlots {
+                first,
+                count,
+                expected_first,
+            });
+        }
+        let rs = LineRecord::encoded_size(line_size);
+        let found_rs = get_u32(page, 28);
+        if found_rs as usize != rs {
+            return Err(MetaPageError::WrongRecordSize {
+                found: found_rs,
+                expected: rs as u32,
+            });
+        }
+        Ok((0..count as usize)
+            .map(|i| LineRecord::decode(line_size, &page[META_HEADER + i * rs..]))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn record(vol: u16, line: u64, valid: [u64; 4]) -> LineRecord {
+        LineRecord {
+            volume: vol,
+            flags: 0,
+            backing_line: line,
+            valid: SectorBitmap(valid),
+            dirty: SectorBitmap::default(),
+        }
+    }
+
+    #[test]
+    fn record_sizes() {
+        assert_eq!(LineRecord::encoded_size(4096), 32);
+        assert_eq!(LineRecord::encoded_size(65536), 32);
+        assert_eq!(LineRecord::encoded_size(1 << 20), 80);
+        assert_eq!(MetaPage::records_per_page(65536), 127);
+    }
+
+    #[test]
+    fn page_detects_corruption_and_wrong_checkpoint() {
+        let recs = vec![record(0, 7, [0xffff, 0, 0, 0]), LineRecord::FREE];
+        let mut page = vec![0u8; 4096];
+        MetaPage::encode(5, 127, 65536, &recs, &mut page);
+        assert_eq!(MetaPage::decode(&page, 5, 127, 65536), Ok(recs));
+        assert!(matches!(
+            MetaPage::decode(&page, 6, 127, 65536),
+            Err(MetaPageError::WrongCheckpoint { .. })
+        ));
+        assert!(matches!(
+            MetaPage::decode(&page, 5, 0, 65536),
+            Err(MetaPageError::WrongSlots { .. })
+        ));
+        page[100] ^= 1;
+        assert!(matches!(
+            MetaPage::decode(&page, 5, 127, 65536),
+            Err(MetaPageError::BadChecksum { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip(vol in 0u16..40, line in any::<u64>(), v in any::<[u64; 4]>(), d in any::<[u64; 4]>(), shift in 12u32..=20) {
+            let line_size = 1u64 << shift;
+            let spl = (line_size / SECTOR_SIZE) as usize;
+            let mask = |w: [u64; 4]| {
+                let mut b = SectorBitmap::default();
+                for s in 0..spl { b.set(s, SectorBitmap(w).get(s)); }
+                b
+            };
+            let rec = LineRecord { volume: vol, flags: 3, backing_line: line, valid: mask(v), dirty: mask(d) };
+            let mut buf = vec![0u8; LineRecord::encoded_size(line_size)];
+            rec.encode(line_size, &mut buf);
+            prop_assert_eq!(LineRecord::decode(line_size, &buf), rec);
+        }
+
+        #[test]
+        fn garbage_pages_never_panic(bytes in proptest::collection::vec(any::<u8>(), 4096)) {
+            let _ = MetaPage::decode(&bytes, 1, 0, 65536);
+        }
+    }
+}
