@@ -1,0 +1,483 @@
+//! The threaded server: listeners, connection bookkeeping and shutdown.
+//!
+//! Per-connection work (handshake I/O and the transmission workers) lives in
+//! [`crate::connection`].
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::connection::{self, ConnectionError};
+use crate::handshake::ExportInfo;
+use crate::proto::Errno;
+
+/// The storage behind one export. The server calls it from many threads at
+/// once. Buffers passed to `read` and `write` start on a 4096-byte boundary,
+/// and offsets and lengths are multiples of the export's `min_block` and lie
+/// inside the export (the server checks before calling); zero-length
+/// requests never reach the backend.
+pub trait Export: Send + Sync {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
+    /// With `fua`, reply only once the data is durable.
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno>;
+    /// Make every write already replied to durable.
+    fn flush(&self) -> Result<(), Errno>;
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), Errno>;
+    /// `may_trim` is false when the client sent `NBD_CMD_FLAG_NO_HOLE`.
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool, may_trim: bool)
+        -> Result<(), Errno>;
+    /// A prefetch hint.
+    fn cache(&self, offset: u64, length: u64) -> Result<(), Errno>;
+}
+
+/// One export: what the handshake advertises, and the backend serving it.
+#[derive(Clone)]
+pub struct ServerExport {
+    pub info: ExportInfo,
+    pub backend: Arc<dyn Export>,
+}
+
+/// Server tuning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Worker threads per connection, i.e. requests processed in parallel on
+    /// one connection.
+    pub threads_per_connection: usize,
+    /// Largest READ/WRITE length accepted (also capped by each export's
+    /// `max_block`). Each worker's buffer can grow to this size.
+    pub max_request: u32,
+    /// Total time a client gets to finish the handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            threads_per_connection: 8,
+            max_request: 32 << 20,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("export {name:?} is misconfigured: {reason}")]
+    InvalidExport { name: String, reason: String },
+    #[error("invalid server configuration: {0}")]
+    InvalidConfig(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A connected, bidirectional byte stream the server can speak NBD over.
+/// Implemented for [`UnixStream`] and [`TcpStream`].
+pub trait NbdStream: Read + Write + Send + Sync + Sized + 'static {
+    /// Another handle to the same socket (used to read, write and shut down
+    /// from different threads).
+    fn try_clone_stream(&self) -> io::Result<Self>;
+    fn shutdown_stream(&self, how: Shutdown) -> io::Result<()>;
+    /// Sets the read and write timeouts (`None` blocks forever).
+    fn set_stream_timeouts(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Who is on the other end, for logs.
+    fn peer_label(&self) -> String;
+}
+
+impl NbdStream for UnixStream {
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
+        self.shutdown(how)
+    }
+    fn set_stream_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)?;
+        self.set_write_timeout(timeout)
+    }
+    fn peer_label(&self) -> String {
+        match self.peer_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string())) {
+            Some(path) => format!("unix:{path}"),
+            None => format!("unix:fd{}", self.as_raw_fd()),
+        }
+    }
+}
+
+impl NbdStream for TcpStream {
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
+        self.shutdown(how)
+    }
+    fn set_stream_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)?;
+        self.set_write_timeout(timeout)
+    }
+    fn peer_label(&self) -> String {
+        match self.peer_addr() {
+            Ok(addr) => format!("tcp:{addr}"),
+            Err(_) => format!("tcp:fd{}", self.as_raw_fd()),
+        }
+    }
+}
+
+/// Serves exports over NBD. Cheap to clone; clones share one server, so
+/// `serve_unix`, `serve_tcp` and `shutdown` can run on different threads.
+#[derive(Clone)]
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) exports: Vec<ServerExport>,
+    pub(crate) infos: Arc<[ExportInfo]>,
+    pub(crate) config: ServerConfig,
+    shutting_down: AtomicBool,
+    /// Becomes readable (EOF) when shutdown starts; accept loops poll it so a
+    /// blocked accept wakes up without signals or timeouts.
+    wake_rx: UnixStream,
+    wake_tx: UnixStream,
+    connections: Mutex<Connections>,
+    idle: Condvar,
+}
+
+impl Shared {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+/// Closes the read side of one connection's socket.
+type Stopper = Box<dyn Fn() + Send>;
+
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    open: HashMap<u64, Stopper>,
+}
+
+/// An open connection's entry in the registry, removed on drop (even if the
+/// connection thread panics) so `wait_idle` cannot hang on a dead connection.
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut connections = lock(&self.shared.connections);
+        connections.open.remove(&self.id);
+        if connections.open.is_empty() {
+            self.shared.idle.notify_all();
+        }
+    }
+}
+
+impl Server {
+    /// Checks the configuration and every export's advertised geometry.
+    pub fn new(exports: Vec<ServerExport>, config: ServerConfig) -> Result<Server, ServerError> {
+        validate_config(&config)?;
+        for (index, export) in exports.iter().enumerate() {
+            validate_export(&export.info)?;
+            if exports[..index].iter().any(|e| e.info.name == export.info.name) {
+                return Err(invalid_export(&export.info, "duplicate export name"));
+            }
+        }
+        let (wake_rx, wake_tx) = UnixStream::pair().map_err(|source| ServerError::Io {
+            context: "creating the shutdown wake-up socket pair",
+            source,
+        })?;
+        let infos = exports.iter().map(|e| e.info.clone()).collect();
+        Ok(Server {
+            shared: Arc::new(Shared {
+                exports,
+                infos,
+                config,
+                shutting_down: AtomicBool::new(false),
+                wake_rx,
+                wake_tx,
+                connections: Mutex::new(Connections::default()),
+                idle: Condvar::new(),
+            }),
+        })
+    }
+
+    /// Accepts connections until [`Server::shutdown`], each on its own
+    /// threads, then waits until every connection has closed. The listener is
+    /// switched to non-blocking mode.
+    pub fn serve_unix(&self, listener: UnixListener) -> Result<(), ServerError> {
+        self.serve_listener(&listener)
+    }
+
+    /// Same as [`Server::serve_unix`] for TCP. Accepted sockets get
+    /// `TCP_NODELAY`, since replies are small and latency-bound.
+    pub fn serve_tcp(&self, listener: TcpListener) -> Result<(), ServerError> {
+        self.serve_listener(&listener)
+    }
+
+    /// Serves one already-connected client on the calling thread (plus
+    /// worker threads) until it disconnects or the server shuts down.
+    /// `Ok` means a clean end: `NBD_CMD_DISC`, `NBD_OPT_ABORT`, EOF between
+    /// requests, or shutdown.
+    pub fn serve_stream<S: NbdStream>(&self, stream: S) -> Result<(), ConnectionError> {
+        let registration = self.register(&stream)?;
+        connection::serve(&self.shared, stream, registration)
+    }
+
+    /// Starts a graceful shutdown and returns at once: accept loops stop, no
+    /// connection reads another request, requests already read finish and
+    /// are answered, then connections close. Idempotent.
+    pub fn shutdown(&self) {
+        if self.shared.shutting_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        info!("NBD server shutting down");
+        if let Err(error) = self.shared.wake_tx.shutdown(Shutdown::Write) {
+            warn!(%error, "cannot wake the accept loops");
+        }
+        for stop in lock(&self.shared.connections).open.values() {
+            stop();
+        }
+    }
+
+    /// Blocks until no connection is open.
+    pub fn wait_idle(&self) {
+        let connections = lock(&self.shared.connections);
+        let still_open = |c: &mut Connections| !c.open.is_empty();
+        let _idle = self.shared.idle.wait_while(connections, still_open);
+    }
+
+    /// Like [`Server::wait_idle`] with a time limit; true if idle was reached.
+    pub fn wait_idle_timeout(&self, timeout: Duration) -> bool {
+        let connections = lock(&self.shared.connections);
+        let still_open = |c: &mut Connections| !c.open.is_empty();
+        let waited = self.shared.idle.wait_timeout_while(connections, timeout, still_open);
+        let (_guard, result) = waited.unwrap_or_else(PoisonError::into_inner);
+        !result.timed_out()
+    }
+
+    /// Connections currently open (handshaking or transmitting).
+    pub fn open_connections(&self) -> usize {
+        lock(&self.shared.connections).open.len()
+    }
+
+    /// Records a connection so shutdown can reach it. A connection that
+    /// registers after shutdown started is stopped straight away.
+    fn register<S: NbdStream>(&self, stream: &S) -> Result<Registration, ConnectionError> {
+        let control = stream
+            .try_clone_stream()
+            .map_err(|source| ConnectionError::io(stream.peer_label(), "cloning socket", source))?;
+        let stop: Stopper = Box::new(move || {
+            // Err only means the socket is already gone, which is the goal.
+            let _ = control.shutdown_stream(Shutdown::Read);
+        });
+        let mut connections = lock(&self.shared.connections);
+        let id = connections.next_id;
+        connections.next_id += 1;
+        if self.shared.is_shutting_down() {
+            stop();
+        }
+        connections.open.insert(id, stop);
+        Ok(Registration {
+            shared: Arc::clone(&self.shared),
+            id,
+        })
+    }
+
+    fn serve_listener<L: Acceptor>(&self, listener: &L) -> Result<(), ServerError> {
+        listener.set_nonblocking(true).map_err(|source| ServerError::Io {
+            context: "making the listener non-blocking",
+            source,
+        })?;
+        info!(listener = L::KIND, "NBD server accepting connections");
+        while self.wait_for_client(listener)? {
+            match listener.accept_stream() {
+                Ok(stream) => self.spawn_connection(stream),
+                Err(error) if is_transient_accept_error(&error) => {}
+                Err(error) => {
+                    // EMFILE and friends: back off instead of spinning; the
+                    // condition usually clears when connections close.
+                    warn!(%error, "accept failed");
+                    thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        self.wait_idle();
+        info!(listener = L::KIND, "NBD server stopped accepting");
+        Ok(())
+    }
+
+    /// True when a client may be waiting, false once shutdown started.
+    fn wait_for_client<L: Acceptor>(&self, listener: &L) -> Result<bool, ServerError> {
+        if self.shared.is_shutting_down() {
+            return Ok(false);
+        }
+        let readiness = poll_readable(listener.as_raw_fd(), self.shared.wake_rx.as_raw_fd());
+        let readiness = readiness.map_err(|source| ServerError::Io {
+            context: "waiting for connections",
+            source,
+        })?;
+        Ok(readiness == Readiness::Listener && !self.shared.is_shutting_down())
+    }
+
+    fn spawn_connection<S: NbdStream>(&self, stream: S) {
+        let peer = stream.peer_label();
+        // Registered before the thread exists so shutdown/wait_idle never
+        // miss a connection that is just starting.
+        let registration = match self.register(&stream) {
+            Ok(registration) => registration,
+            Err(error) => return warn!(%error, "dropping connection"),
+        };
+        let shared = Arc::clone(&self.shared);
+        let spawned = thread::Builder::new()
+            .name("nbd-conn".into())
+            .spawn(move || connection::serve(&shared, stream, registration));
+        if let Err(error) = spawned {
+            warn!(%peer, %error, "cannot start a connection thread; dropping connection");
+        }
+    }
+}
+
+fn validate_config(config: &ServerConfig) -> Result<(), ServerError> {
+    if config.threads_per_connection == 0 {
+        return Err(ServerError::InvalidConfig("threads_per_connection must be at least 1".into()));
+    }
+    if config.max_request == 0 {
+        return Err(ServerError::InvalidConfig("max_request must be positive".into()));
+    }
+    if config.handshake_timeout.is_zero() {
+        return Err(ServerError::InvalidConfig("handshake_timeout must be positive".into()));
+    }
+    Ok(())
+}
+
+/// Enforces the spec's rules on strings and block sizes, so a mistake in the
+/// caller surfaces here rather than as confused clients.
+fn validate_export(info: &ExportInfo) -> Result<(), ServerError> {
+    const MAX_STRING: usize = 4096;
+    if info.name.len() > MAX_STRING || info.description.len() > MAX_STRING {
+        return Err(invalid_export(info, "name and description must be at most 4096 bytes"));
+    }
+    if !info.min_block.is_power_of_two() || info.min_block > 65536 {
+        return Err(invalid_export(info, "min_block must be a power of two up to 65536"));
+    }
+    if !info.preferred_block.is_power_of_two() || info.preferred_block < info.min_block {
+        return Err(invalid_export(info, "preferred_block must be a power of two >= min_block"));
+    }
+    if info.max_block < info.min_block
+        || (info.max_block % info.min_block != 0 && info.max_block != u32::MAX)
+    {
+        return Err(invalid_export(info, "max_block must be a multiple of min_block"));
+    }
+    Ok(())
+}
+
+fn invalid_export(info: &ExportInfo, reason: &str) -> ServerError {
+    ServerError::InvalidExport {
+        name: info.name.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// Locks ignoring poisoning: the protected data (registries, sockets) stays
+/// consistent even if a backend panicked while a lock was held.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn is_transient_accept_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+    )
+}
+
+/// The listener types `serve_*` accept from.
+trait Acceptor: AsRawFd {
+    type Stream: NbdStream;
+    const KIND: &'static str;
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
+    fn accept_stream(&self) -> io::Result<Self::Stream>;
+}
+
+impl Acceptor for UnixListener {
+    type Stream = UnixStream;
+    const KIND: &'static str = "unix";
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        UnixListener::set_nonblocking(self, nonblocking)
+    }
+    fn accept_stream(&self) -> io::Result<UnixStream> {
+        let (stream, _) = self.accept()?;
+        // Some platforms inherit O_NONBLOCK from the listener.
+        stream.set_nonblocking(false)?;
+        Ok(stream)
+    }
+}
+
+impl Acceptor for TcpListener {
+    type Stream = TcpStream;
+    const KIND: &'static str = "tcp";
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        TcpListener::set_nonblocking(self, nonblocking)
+    }
+    fn accept_stream(&self) -> io::Result<TcpStream> {
+        let (stream, _) = self.accept()?;
+        stream.set_nonblocking(false)?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Readiness {
+    Listener,
+    ShutdownStarted,
+}
+
+/// Blocks until the listener has a pending connection or the wake-up socket
+/// reports shutdown.
+fn poll_readable(listener: RawFd, wake: RawFd) -> io::Result<Readiness> {
+    let mut fds = [
+        libc::pollfd {
+            fd: listener,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: `fds` is a live array of two initialised pollfd structs and
+        // the count passed matches its length; poll only writes `revents`.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if rc >= 0 {
+            break;
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+    if fds[1].revents != 0 {
+        return Ok(Readiness::ShutdownStarted);
+    }
+    if fds[0].revents & libc::POLLNVAL != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    Ok(Readiness::Listener)
+}

@@ -1,0 +1,306 @@
+# Shared helpers for the ssdcache end-to-end tests.  Sourced by every t-*.sh.
+#
+# Conventions:
+#   * Every test runs in its own TEST_DIR (set by ./run, or made here when a test is run alone).
+#   * Any failing command fails the test (set -eE + ERR trap prints the line).
+#   * `fail MSG` fails the test explicitly; `require_tool` FAILS (never skips) when a tool is missing.
+#   * Only PIDs this test started are ever signalled; only mounts/loops/fuse mounts it made are undone.
+#   * Every wait loop is bounded in iterations and time.
+
+set -eE -o pipefail
+shopt -s nullglob
+
+E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$E2E_DIR/../.." && pwd)"
+SSDCACHE_BIN="${SSDCACHE_BIN:-$REPO/target/release/ssdcache}"
+if [[ -z "${TEST_DIR:-}" ]]; then
+    TEST_DIR="$(mktemp -d /tmp/ssdcache-e2e.XXXXXX)"
+    _OWN_TEST_DIR=1
+fi
+cd "$TEST_DIR"
+
+# Timeouts (seconds).
+SERVER_START_TIMEOUT="${SERVER_START_TIMEOUT:-30}"
+SERVER_STOP_TIMEOUT="${SERVER_STOP_TIMEOUT:-60}"
+
+_PIDS=()        # every background process this test started
+_MOUNTS=()      # filesystem mount points this test mounted
+_LOOPS=()       # loop devices this test attached
+_FUSES=()       # nbdfuse mount dirs this test set up
+_SERVE_N=0
+SERVER_PID=""
+SERVER_LOG=""
+SOCK=""
+
+log()  { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+
+_on_err() {
+    local rc=$? line=${BASH_LINENO[0]} src=${BASH_SOURCE[1]:-?}
+    printf 'FAIL: command exited %d at %s:%s: %s\n' "$rc" "$(basename "$src")" "$line" "$BASH_COMMAND" >&2
+}
+trap _on_err ERR
+
+_is_ours_alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
+
+# Waits (bounded) for PID to exit; returns 0 if it exited, 1 on timeout.
+_wait_gone() {
+    local pid=$1 secs=$2 i
+    for ((i = 0; i < secs * 10; i++)); do
+        _is_ours_alive "$pid" || return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+cleanup() {
+    local rc=$? m l f p
+    trap - ERR
+    set +e
+    for ((i = ${#_MOUNTS[@]} - 1; i >= 0; i--)); do
+        m=${_MOUNTS[i]}
+        mountpoint -q "$m" 2>/dev/null && { umount "$m" 2>/dev/null || umount -l "$m"; }
+    done
+    for ((i = ${#_LOOPS[@]} - 1; i >= 0; i--)); do
+        l=${_LOOPS[i]}
+        losetup "$l" >/dev/null 2>&1 && losetup -d "$l"
+    done
+    for ((i = ${#_FUSES[@]} - 1; i >= 0; i--)); do
+        f=${_FUSES[i]}
+        mountpoint -q "$f" 2>/dev/null && { fusermount3 -u "$f" 2>/dev/null || fusermount3 -uz "$f"; }
+    done
+    for p in "${_PIDS[@]}"; do
+        _is_ours_alive "$p" && kill -TERM "$p" 2>/dev/null
+    done
+    for p in "${_PIDS[@]}"; do
+        _wait_gone "$p" 10 || kill -KILL "$p" 2>/dev/null
+    done
+    wait 2>/dev/null
+    if [[ -n "${_OWN_TEST_DIR:-}" && -z "${E2E_KEEP:-}" ]]; then
+        cd /
+        rm -rf "$TEST_DIR"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+require_tool() {
+    local t
+    for t in "$@"; do
+        command -v "$t" >/dev/null 2>&1 || fail "required tool '$t' is not installed"
+    done
+}
+
+require_bin() {
+    [[ -x "$SSDCACHE_BIN" ]] || fail "ssdcache binary not found or not executable: $SSDCACHE_BIN (set SSDCACHE_BIN)"
+}
+
+# mk_sparse PATH SIZE  (SIZE in truncate syntax, e.g. 512M)
+mk_sparse() {
+    rm -f "$1"
+    truncate -s "$2" "$1"
+}
+
+ssd() { "$SSDCACHE_BIN" "$@"; }
+
+nbd_uri() { # nbd_uri SOCK [EXPORT]
+    printf 'nbd+unix:///%s?socket=%s' "${2:-}" "$1"
+}
+
+# create_cache CACHE BACKING [extra create args...]; fails the test with stderr if create fails.
+create_cache() {
+    local cache=$1 backing=$2
+    shift 2
+    local out
+    if ! out=$(ssd create --cache "$cache" --backing "$backing" "$@" 2>&1); then
+        fail "ssdcache create --cache $cache --backing $backing $* failed: $out"
+    fi
+}
+
+# start_server SOCK [serve args...]
+# Starts `ssdcache serve --socket SOCK args...` in the background; sets SERVER_PID, SERVER_LOG, SOCK.
+# Waits (bounded) until the socket exists; fails with the daemon log if it exits or times out.
+start_server() {
+    local sock=$1
+    shift
+    _SERVE_N=$((_SERVE_N + 1))
+    SERVER_LOG="$TEST_DIR/serve.$_SERVE_N.log"
+    rm -f "$sock"
+    log "serve #$_SERVE_N: $SSDCACHE_BIN serve --socket $sock $*"
+    "$SSDCACHE_BIN" serve --socket "$sock" "$@" >"$SERVER_LOG" 2>&1 &
+    SERVER_PID=$!
+    _PIDS+=("$SERVER_PID")
+    SOCK=$sock
+    local i
+    for ((i = 0; i < SERVER_START_TIMEOUT * 10; i++)); do
+        [[ -S "$sock" ]] && return 0
+        if ! _is_ours_alive "$SERVER_PID"; then
+            local rc=0
+            wait "$SERVER_PID" || rc=$?
+            fail "server exited (status $rc) before its socket appeared; log:
+$(cat "$SERVER_LOG")"
+        fi
+        sleep 0.1
+    done
+    fail "server socket $sock did not appear within ${SERVER_START_TIMEOUT}s; log:
+$(cat "$SERVER_LOG")"
+}
+
+# stop_server [PID]: SIGTERM, bounded wait, the daemon must exit with status 0.
+stop_server() {
+    local pid=${1:-$SERVER_PID} rc=0
+    [[ -n "$pid" ]] || fail "stop_server: no server pid"
+    _is_ours_alive "$pid" || { wait "$pid" || rc=$?; fail "server $pid already dead (status $rc) before SIGTERM; log:
+$(cat "$SERVER_LOG")"; }
+    kill -TERM "$pid"
+    if ! _wait_gone "$pid" "$SERVER_STOP_TIMEOUT"; then
+        kill -KILL "$pid" 2>/dev/null || true
+        fail "server $pid did not exit within ${SERVER_STOP_TIMEOUT}s of SIGTERM; log:
+$(cat "$SERVER_LOG")"
+    fi
+    wait "$pid" || rc=$?
+    [[ $rc -eq 0 ]] || fail "server exited with status $rc after SIGTERM (expected 0); log:
+$(cat "$SERVER_LOG")"
+    log "server $pid stopped cleanly"
+}
+
+# kill9_server [PID]: SIGKILL and reap.
+kill9_server() {
+    local pid=${1:-$SERVER_PID}
+    _is_ours_alive "$pid" || fail "kill9_server: server $pid is not running"
+    kill -KILL "$pid"
+    _wait_gone "$pid" 10 || fail "server $pid survived SIGKILL"
+    wait "$pid" 2>/dev/null || true
+    log "server $pid killed with SIGKILL"
+}
+
+assert_server_alive() {
+    local pid=${1:-$SERVER_PID}
+    _is_ours_alive "$pid" || fail "server $pid died; log:
+$(cat "$SERVER_LOG")"
+}
+
+# expect_fail_run OUTVAR TIMEOUT CMD...: runs CMD (bounded), requires a non-zero exit that is not a
+# timeout, stores combined stdout+stderr in OUTVAR.
+expect_fail_run() {
+    local __var=$1 secs=$2 rc=0 out
+    shift 2
+    out=$(timeout -k 5 "$secs" "$@" 2>&1) || rc=$?
+    printf -v "$__var" '%s' "$out"
+    [[ $rc -ne 0 ]] || fail "expected failure but succeeded: $*
+output: $out"
+    [[ $rc -ne 124 && $rc -ne 137 ]] || fail "command timed out (${secs}s) instead of failing: $*
+output: $out"
+    log "failed as expected (status $rc): $*"
+}
+
+# expect_fail_stderr DESC REGEX CMD...: non-zero exit, bounded, and a non-empty stderr matching REGEX (case-insensitive).
+expect_fail_stderr() {
+    local desc=$1 re=$2 rc=0
+    shift 2
+    timeout -k 5 30 "$@" >"$TEST_DIR/efs.out" 2>"$TEST_DIR/efs.err" || rc=$?
+    local err
+    err=$(cat "$TEST_DIR/efs.err")
+    [[ $rc -ne 0 ]] || fail "$desc: expected non-zero exit, got 0: $*
+stdout: $(cat "$TEST_DIR/efs.out")
+stderr: $err"
+    [[ $rc -ne 124 && $rc -ne 137 ]] || fail "$desc: timed out: $*"
+    [[ -n "$err" ]] || fail "$desc: exit $rc but nothing on stderr: $*"
+    grep -Eqi -- "$re" <<<"$err" || fail "$desc: stderr does not match /$re/: $*
+stderr: $err"
+    log "$desc: refused as expected (status $rc): $(head -c 200 <<<"$err" | tr '\n' ' ')"
+}
+
+assert_eq() { # assert_eq ACTUAL EXPECTED DESC
+    [[ "$1" == "$2" ]] || fail "$3: expected '$2', got '$1'"
+}
+assert_gt() { # assert_gt ACTUAL MIN DESC  (integer ACTUAL > MIN)
+    [[ "$1" =~ ^[0-9]+$ ]] || fail "$3: not an integer: '$1'"
+    (($1 > $2)) || fail "$3: expected > $2, got $1"
+}
+assert_contains() { # assert_contains HAYSTACK NEEDLE DESC
+    grep -Fq -- "$2" <<<"$1" || fail "$3: '$2' not found in: $1"
+}
+
+# qemu-io against the export; every command given as -c. Fails on any error line in the output,
+# because qemu-io's exit status does not reflect failed commands in older versions.
+qio() { # qio URI CMD...
+    local uri=$1 args=() c out rc=0
+    shift
+    for c in "$@"; do args+=(-c "$c"); done
+    out=$(timeout -k 5 120 qemu-io -f raw "${args[@]}" "$uri" 2>&1) || rc=$?
+    if [[ $rc -ne 0 ]] || grep -Eqi 'fail|error|mismatch|pattern verification' <<<"$out"; then
+        fail "qemu-io failed (status $rc) on $uri with ${*}:
+$out"
+    fi
+    printf '%s\n' "$out"
+}
+
+# stats_json CACHE: `ssdcache stats --cache CACHE --json`, validated as JSON.
+stats_json() {
+    local out
+    out=$(timeout -k 5 30 "$SSDCACHE_BIN" stats --cache "$1" --json) || fail "ssdcache stats --cache $1 --json failed: $out"
+    jq -e . >/dev/null <<<"$out" || fail "stats --json did not print valid JSON: $out"
+    printf '%s\n' "$out"
+}
+
+# vol_field JSON NAME FIELD: the field of the volume NAME (or the first volume if NAME is empty).
+vol_field() {
+    local v
+    v=$(jq -r --arg n "$2" --arg f "$3" '
+        (if $n == "" then .volumes[0] else (.volumes[] | select(.name == $n)) end) | .[$f] // "MISSING"' <<<"$1")
+    [[ "$v" != MISSING && -n "$v" ]] || fail "stats field '$3' of volume '$2' missing in: $1"
+    printf '%s' "$v"
+}
+
+# nbdfuse_attach MOUNTDIR URI: exposes the export as MOUNTDIR/nbd (bounded wait); sets FUSE_FILE.
+nbdfuse_attach() {
+    local dir=$1 uri=$2 i
+    mkdir -p "$dir"
+    rm -f "$TEST_DIR/nbdfuse.pid"
+    nbdfuse -P "$TEST_DIR/nbdfuse.pid" "$dir/nbd" "$uri" >>"$TEST_DIR/nbdfuse.log" 2>&1 &
+    local pid=$!
+    _PIDS+=("$pid")
+    _FUSES+=("$dir")
+    for ((i = 0; i < 200; i++)); do
+        [[ -s "$TEST_DIR/nbdfuse.pid" && -e "$dir/nbd" ]] && { FUSE_FILE="$dir/nbd"; FUSE_PID=$pid; return 0; }
+        _is_ours_alive "$pid" || fail "nbdfuse exited; log: $(cat "$TEST_DIR/nbdfuse.log")"
+        sleep 0.1
+    done
+    fail "nbdfuse did not come up within 20s; log: $(cat "$TEST_DIR/nbdfuse.log")"
+}
+
+nbdfuse_detach() {
+    local dir=$1
+    fusermount3 -u "$dir" || fail "fusermount3 -u $dir failed"
+    if [[ -n "${FUSE_PID:-}" ]]; then
+        _wait_gone "$FUSE_PID" 20 || fail "nbdfuse $FUSE_PID did not exit after unmount"
+        wait "$FUSE_PID" 2>/dev/null || true
+    fi
+}
+
+# loop_attach FILE: sets LOOP_DEV.
+loop_attach() {
+    LOOP_DEV=$(losetup --find --show "$1") || fail "losetup --find --show $1 failed"
+    _LOOPS+=("$LOOP_DEV")
+}
+loop_detach() {
+    losetup -d "$1" || fail "losetup -d $1 failed"
+    local i
+    for ((i = 0; i < 50; i++)); do
+        losetup "$1" >/dev/null 2>&1 || return 0
+        sleep 0.1
+    done
+    log "warning: $1 still attached after losetup -d (autoclear pending)"
+}
+
+do_mount() { # do_mount DEV DIR
+    mkdir -p "$2"
+    mount "$1" "$2" || fail "mount $1 $2 failed"
+    _MOUNTS+=("$2")
+}
+do_umount() {
+    umount "$1" || fail "umount $1 failed"
+}
