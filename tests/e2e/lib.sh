@@ -8,7 +8,7 @@
 #   * Every wait loop is bounded in iterations and time.
 
 set -eE -o pipefail
-shopt -s nullglob
+shopt -s nullglob inherit_errexit
 
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$E2E_DIR/../.." && pwd)"
@@ -185,15 +185,15 @@ $(cat "$SERVER_LOG")"
 # expect_fail_run OUTVAR TIMEOUT CMD...: runs CMD (bounded), requires a non-zero exit that is not a
 # timeout, stores combined stdout+stderr in OUTVAR.
 expect_fail_run() {
-    local __var=$1 secs=$2 rc=0 out
+    local __var=$1 __secs=$2 __rc=0 __out
     shift 2
-    out=$(timeout -k 5 "$secs" "$@" 2>&1) || rc=$?
-    printf -v "$__var" '%s' "$out"
-    [[ $rc -ne 0 ]] || fail "expected failure but succeeded: $*
-output: $out"
-    [[ $rc -ne 124 && $rc -ne 137 ]] || fail "command timed out (${secs}s) instead of failing: $*
-output: $out"
-    log "failed as expected (status $rc): $*"
+    __out=$(timeout -k 5 "$__secs" "$@" 2>&1) || __rc=$?
+    printf -v "$__var" '%s' "$__out"
+    [[ $__rc -ne 0 ]] || fail "expected failure but succeeded: $*
+output: $__out"
+    [[ $__rc -ne 124 && $__rc -ne 137 ]] || fail "command timed out (${__secs}s) instead of failing: $*
+output: $__out"
+    log "failed as expected (status $__rc): $*"
 }
 
 # expect_fail_stderr DESC REGEX CMD...: non-zero exit, bounded, and a non-empty stderr matching REGEX (case-insensitive).

@@ -7,8 +7,8 @@ require_tool fio jq truncate
 require_bin
 fio --enghelp=nbd >/dev/null 2>&1 || fail "fio has no nbd ioengine"
 
-# run_fio TAG URI EXTRA...: runs one fio invocation (JSON output), fails on exit status,
-# any job error, or zero bytes moved.
+# run_fio TAG URI EXTRA...: runs one fio invocation (JSON output), fails on exit status or any
+# job error; sets FIO_W / FIO_R to the bytes written / read by all jobs.
 run_fio() {
     local tag=$1 uri=$2 rc=0
     shift 2
@@ -22,15 +22,18 @@ run_fio() {
 $(cat "$TEST_DIR/fio.$tag.out")
 $(jq -c '[.jobs[] | {jobname, error, w: .write.io_bytes, r: .read.io_bytes}]' "$out" 2>/dev/null || tail -c 3000 "$out")"
     fi
-    local errs jobs rbytes wbytes
+    sed -n '/^{/,$p' "$out" >"$out.clean"
+    out="$out.clean"
+    local errs jobs
     errs=$(jq '[.jobs[].error] | map(select(. != 0)) | length' "$out")
     jobs=$(jq '.jobs | length' "$out")
-    rbytes=$(jq '[.jobs[].read.io_bytes] | add' "$out")
-    wbytes=$(jq '[.jobs[].write.io_bytes] | add' "$out")
+    FIO_R=$(jq '[.jobs[].read.io_bytes] | add' "$out")
+    FIO_W=$(jq '[.jobs[].write.io_bytes] | add' "$out")
     assert_eq "$errs" 0 "fio $tag: jobs with errors"
     assert_eq "$jobs" 4 "fio $tag: number of jobs"
-    grep -qi 'verify.*fail\|bad magic\|crc32c: verify' "$TEST_DIR/fio.$tag.out" && fail "fio $tag reported verify problems: $(cat "$TEST_DIR/fio.$tag.out")"
-    printf '%s %s\n' "$wbytes" "$rbytes"
+    if grep -qi 'verify.*fail\|bad magic\|crc32c: verify' "$TEST_DIR/fio.$tag.out"; then
+        fail "fio $tag reported verify problems: $(cat "$TEST_DIR/fio.$tag.out")"
+    fi
 }
 
 M=$((1024 * 1024))
@@ -46,19 +49,19 @@ for mode in write-through write-around pass-through; do
     # (b) mixed block sizes 4k..1m (multiples of 4k, 4k aligned), regions at 256m + n*64m.
     B=(--name=mixed --rw=randwrite --bsrange=4k-1m --blockalign=4k --size=32m --offset=256m --iodepth=4)
 
-    read -r w r <<<"$(run_fio "$mode.a" "$URI" "${A[@]}" --do_verify=1)"
-    assert_eq "$w" $((4 * 8 * M)) "$mode rand4k bytes written"
-    assert_gt "$r" 0 "$mode rand4k bytes verified"
-    read -r w r <<<"$(run_fio "$mode.b" "$URI" "${B[@]}" --do_verify=1)"
-    assert_eq "$w" $((4 * 32 * M)) "$mode mixed bytes written"
-    assert_gt "$r" 0 "$mode mixed bytes verified"
+    run_fio "$mode.a" "$URI" "${A[@]}" --do_verify=1
+    assert_eq "$FIO_W" $((4 * 8 * M)) "$mode rand4k bytes written"
+    assert_gt "$FIO_R" 0 "$mode rand4k bytes verified"
+    run_fio "$mode.b" "$URI" "${B[@]}" --do_verify=1
+    assert_eq "$FIO_W" $((4 * 32 * M)) "$mode mixed bytes written"
+    assert_gt "$FIO_R" 0 "$mode mixed bytes verified"
     log "$mode: write+verify ok"
 
     # Separate verify-only runs (new connections) re-read everything both workloads wrote.
-    read -r w r <<<"$(run_fio "$mode.a.v" "$URI" "${A[@]}" --verify_only)"
-    assert_eq "$r" $((4 * 8 * M)) "$mode rand4k verify-only bytes read"
-    read -r w r <<<"$(run_fio "$mode.b.v" "$URI" "${B[@]}" --verify_only)"
-    assert_eq "$r" $((4 * 32 * M)) "$mode mixed verify-only bytes read"
+    run_fio "$mode.a.v" "$URI" "${A[@]}" --verify_only
+    assert_eq "$FIO_R" $((4 * 8 * M)) "$mode rand4k verify-only bytes read"
+    run_fio "$mode.b.v" "$URI" "${B[@]}" --verify_only
+    assert_eq "$FIO_R" $((4 * 32 * M)) "$mode mixed verify-only bytes read"
     log "$mode: verify-only ok"
 
     st=$(stats_json "cache-$mode.img")
@@ -74,8 +77,8 @@ for mode in write-through write-around pass-through; do
     # Graceful restart, then everything still verifies.
     stop_server
     start_server "$TEST_DIR/nbd-$mode.sock" --cache "cache-$mode.img"
-    run_fio "$mode.a.v2" "$URI" "${A[@]}" --verify_only >/dev/null
-    run_fio "$mode.b.v2" "$URI" "${B[@]}" --verify_only >/dev/null
+    run_fio "$mode.a.v2" "$URI" "${A[@]}" --verify_only
+    run_fio "$mode.b.v2" "$URI" "${B[@]}" --verify_only
     log "$mode: verify-only after restart ok"
     stop_server
 done

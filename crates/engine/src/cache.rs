@@ -342,3 +342,34 @@ fn record_fits(sb: &Superblock, rec: &LineRecord) -> bool {
                     .is_some_and(|o| o < v.backing.size)
         })
 }
+
+/// Statistics of a cache that no daemon has open, from its superblock and checkpoint. After an
+/// unclean stop the next start is cold, so occupancy reads as zero.
+pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate::VolumeStats>> {
+    let layout = sb.layout;
+    let policy =
+        policy::by_id(0, layout.line_count as u32).ok_or_else(|| format_err("no LRU policy"))?;
+    let mut map = MapState::new(
+        layout.line_count as u32,
+        layout.sectors_per_line() as usize,
+        policy,
+    );
+    if sb.state == CacheState::Clean && sb.checkpoint_seq != 0 {
+        load_checkpoint(dev, sb, sb.checkpoint_seq, &mut map)?;
+    }
+    Ok(sb
+        .volumes
+        .iter()
+        .map(|v| {
+            let (lines_used, sectors) = map.occupancy(v.id);
+            crate::VolumeStats {
+                name: v.name.clone(),
+                mode: v.mode,
+                size: v.backing.size,
+                counters: v.counters,
+                lines_used,
+                bytes_cached: sectors * SECTOR_SIZE,
+            }
+        })
+        .collect())
+}

@@ -9,6 +9,8 @@ mod map;
 pub mod policy;
 mod volume;
 
-pub use cache::{format, read_superblock, write_superblock, Cache, NewVolume, OpenReport};
+pub use cache::{
+    format, offline_stats, read_superblock, write_superblock, Cache, NewVolume, OpenReport,
+};
 pub use error::{EngineError, Result};
 pub use volume::{Volume, VolumeStats};

@@ -15,11 +15,28 @@ const LINE: u64 = 64 << 10;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { sector: u64, sectors: u64, seed: u8, fua: bool },
-    Read { sector: u64, sectors: u64 },
-    Trim { sector: u64, sectors: u64 },
-    Zero { sector: u64, sectors: u64 },
-    Prefetch { sector: u64, sectors: u64 },
+    Write {
+        sector: u64,
+        sectors: u64,
+        seed: u8,
+        fua: bool,
+    },
+    Read {
+        sector: u64,
+        sectors: u64,
+    },
+    Trim {
+        sector: u64,
+        sectors: u64,
+    },
+    Zero {
+        sector: u64,
+        sectors: u64,
+    },
+    Prefetch {
+        sector: u64,
+        sectors: u64,
+    },
     Flush,
     CleanRestart,
     Crash,
@@ -62,25 +79,46 @@ fn identity() -> BackingIdentity {
 }
 
 fn pattern(seed: u8, len: usize, offset: u64) -> Vec<u8> {
-    (0..len).map(|i| seed.wrapping_add(((offset as usize + i) / 512) as u8)).collect()
+    (0..len)
+        .map(|i| seed.wrapping_add(((offset as usize + i) / 512) as u8))
+        .collect()
 }
 
 fn open(cache_dev: &Arc<MemDevice>, backing: &Arc<MemDevice>) -> Cache {
     let sb = read_superblock(&**cache_dev).expect("superblock");
-    let (cache, _) = Cache::open(cache_dev.clone(), sb, vec![backing.clone() as Arc<dyn BlockDevice>]).expect("open");
+    let (cache, _) = Cache::open(
+        cache_dev.clone(),
+        sb,
+        vec![backing.clone() as Arc<dyn BlockDevice>],
+    )
+    .expect("open");
     cache
 }
 
 fn run(mode: CacheMode, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let cache_dev = Arc::new(MemDevice::new("cache", CACHE));
     let backing = Arc::new(MemDevice::new("backing", BACKING));
-    format(&*cache_dev, LINE, NewVolume { name: "v".into(), mode, backing: identity() }).expect("format");
+    format(
+        &*cache_dev,
+        LINE,
+        NewVolume {
+            name: "v".into(),
+            mode,
+            backing: identity(),
+        },
+    )
+    .expect("format");
     let mut model = vec![0u8; BACKING as usize];
     let mut cache = open(&cache_dev, &backing);
     for op in ops {
         let vol = cache.volumes()[0].clone();
         match op {
-            Op::Write { sector, sectors, seed, fua } => {
+            Op::Write {
+                sector,
+                sectors,
+                seed,
+                fua,
+            } => {
                 let (off, len) = (sector * SECTOR, (sectors * SECTOR) as usize);
                 let data = pattern(seed, len, off);
                 vol.write(off, &data, fua).expect("write");
@@ -90,18 +128,28 @@ fn run(mode: CacheMode, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let (off, len) = (sector * SECTOR, (sectors * SECTOR) as usize);
                 let mut buf = vec![0xAAu8; len];
                 vol.read(off, &mut buf).expect("read");
-                prop_assert!(buf == model[off as usize..off as usize + len], "read mismatch at sector {} len {} in {:?}", sector, sectors, mode);
+                prop_assert!(
+                    buf == model[off as usize..off as usize + len],
+                    "read mismatch at sector {} len {} in {:?}",
+                    sector,
+                    sectors,
+                    mode
+                );
             }
             // The memory backing device zeroes on discard, so the model does too.
             Op::Trim { sector, sectors } => {
-                vol.trim(sector * SECTOR, sectors * SECTOR, false).expect("trim");
+                vol.trim(sector * SECTOR, sectors * SECTOR, false)
+                    .expect("trim");
                 model[(sector * SECTOR) as usize..((sector + sectors) * SECTOR) as usize].fill(0);
             }
             Op::Zero { sector, sectors } => {
-                vol.write_zeroes(sector * SECTOR, sectors * SECTOR, false).expect("zero");
+                vol.write_zeroes(sector * SECTOR, sectors * SECTOR, false)
+                    .expect("zero");
                 model[(sector * SECTOR) as usize..((sector + sectors) * SECTOR) as usize].fill(0);
             }
-            Op::Prefetch { sector, sectors } => vol.prefetch(sector * SECTOR, sectors * SECTOR).expect("prefetch"),
+            Op::Prefetch { sector, sectors } => vol
+                .prefetch(sector * SECTOR, sectors * SECTOR)
+                .expect("prefetch"),
             Op::Flush => vol.flush().expect("flush"),
             Op::CleanRestart => {
                 cache.shutdown().expect("shutdown");
@@ -115,7 +163,10 @@ fn run(mode: CacheMode, ops: Vec<Op>) -> Result<(), TestCaseError> {
         }
     }
     // The backing device alone holds everything in these modes.
-    prop_assert!(backing.snapshot() == model, "backing differs from the model");
+    prop_assert!(
+        backing.snapshot() == model,
+        "backing differs from the model"
+    );
     Ok(())
 }
 
@@ -142,23 +193,42 @@ proptest! {
 fn warm_after_clean_restart_cold_after_crash() {
     let cache_dev = Arc::new(MemDevice::new("cache", CACHE));
     let backing = Arc::new(MemDevice::new("backing", BACKING));
-    format(&*cache_dev, LINE, NewVolume { name: "v".into(), mode: CacheMode::WriteThrough, backing: identity() }).expect("format");
+    format(
+        &*cache_dev,
+        LINE,
+        NewVolume {
+            name: "v".into(),
+            mode: CacheMode::WriteThrough,
+            backing: identity(),
+        },
+    )
+    .expect("format");
     let cache = open(&cache_dev, &backing);
     let mut buf = vec![0u8; 1 << 20];
     cache.volumes()[0].read(0, &mut buf).expect("read");
     cache.shutdown().expect("shutdown");
     drop(cache);
     let sb = read_superblock(&*cache_dev).expect("sb");
-    let (cache, report) = Cache::open(cache_dev.clone(), sb, vec![backing.clone() as Arc<dyn BlockDevice>]).expect("open");
+    let (cache, report) = Cache::open(
+        cache_dev.clone(),
+        sb,
+        vec![backing.clone() as Arc<dyn BlockDevice>],
+    )
+    .expect("open");
     assert!(report.warm);
     assert_eq!(report.restored_bytes, 1 << 20);
     let vol = cache.volumes()[0].clone();
     let hits = vol.counters().0[2];
     vol.read(0, &mut buf).expect("read");
-    assert_eq!(vol.counters().0[2], hits + 1, "second read must hit after a clean restart");
+    assert_eq!(
+        vol.counters().0[2],
+        hits + 1,
+        "second read must hit after a clean restart"
+    );
     drop((vol, cache));
     let sb = read_superblock(&*cache_dev).expect("sb");
-    let (cache, report) = Cache::open(cache_dev.clone(), sb, vec![backing as Arc<dyn BlockDevice>]).expect("open");
+    let (cache, report) =
+        Cache::open(cache_dev.clone(), sb, vec![backing as Arc<dyn BlockDevice>]).expect("open");
     assert!(!report.warm, "a crash must discard the cache");
     assert_eq!(cache.volumes()[0].stats().bytes_cached, 0);
 }
@@ -168,7 +238,16 @@ fn warm_after_clean_restart_cold_after_crash() {
 fn concurrent_requests_on_shared_lines() {
     let cache_dev = Arc::new(MemDevice::new("cache", CACHE));
     let backing = Arc::new(MemDevice::new("backing", BACKING));
-    format(&*cache_dev, LINE, NewVolume { name: "v".into(), mode: CacheMode::WriteThrough, backing: identity() }).expect("format");
+    format(
+        &*cache_dev,
+        LINE,
+        NewVolume {
+            name: "v".into(),
+            mode: CacheMode::WriteThrough,
+            backing: identity(),
+        },
+    )
+    .expect("format");
     let cache = open(&cache_dev, &backing);
     let threads = 4u64;
     let handles: Vec<_> = (0..threads)

@@ -32,6 +32,10 @@ const READ_BUFFER_BYTES: usize = 256 * 1024;
 pub enum ConnectionError {
     #[error("{peer}: handshake failed: {reason}")]
     Handshake { peer: String, reason: CloseReason },
+    #[error("{peer}: client disconnected during the handshake")]
+    HandshakeEof { peer: String },
+    #[error("{peer}: no export with index {index}")]
+    NoSuchExport { peer: String, index: usize },
     #[error("{peer}: {source}")]
     Protocol {
         peer: String,
@@ -59,15 +63,26 @@ impl ConnectionError {
     }
 }
 
+/// Where a connection starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Start {
+    /// Negotiate the export with the NBD handshake.
+    Handshake,
+    /// Go straight to transmission on this export (the Linux kernel client
+    /// after `NBD_SET_SOCK` skips the handshake).
+    Transmission { export: usize },
+}
+
 /// Runs a whole connection; the registration is released when it ends.
 pub(crate) fn serve<S: NbdStream>(
     shared: &Shared,
     stream: S,
+    start: Start,
     registration: Registration,
 ) -> Result<(), ConnectionError> {
     let peer = stream.peer_label();
     info!(%peer, "NBD connection opened");
-    let result = handshake_then_transmit(shared, stream, &peer);
+    let result = run(shared, stream, start, &peer);
     match &result {
         Ok(()) => info!(%peer, "NBD connection closed"),
         Err(error @ (ConnectionError::Handshake { .. } | ConnectionError::Protocol { .. })) => {
@@ -79,25 +94,45 @@ pub(crate) fn serve<S: NbdStream>(
     result
 }
 
-fn handshake_then_transmit<S: NbdStream>(
+fn run<S: NbdStream>(
     shared: &Shared,
     mut stream: S,
+    start: Start,
     peer: &str,
 ) -> Result<(), ConnectionError> {
-    let Some(index) = drive_handshake(&mut stream, shared, peer)? else {
-        return Ok(());
+    let index = match start {
+        Start::Transmission { export } => export,
+        Start::Handshake => match drive_handshake(&mut stream, shared, peer)? {
+            Some(export) => export,
+            None => return Ok(()),
+        },
     };
     let Some(export) = shared.exports.get(index) else {
-        let reason = CloseReason::Protocol(format!("export index {index} out of range"));
-        return Err(handshake_error(peer, reason));
+        return Err(ConnectionError::NoSuchExport {
+            peer: peer.to_owned(),
+            index,
+        });
     };
     debug!(%peer, export = %export.info.name, "entering transmission");
+    transmit(shared, stream, export, peer)
+}
+
+fn transmit<S: NbdStream>(
+    shared: &Shared,
+    stream: S,
+    export: &ServerExport,
+    peer: &str,
+) -> Result<(), ConnectionError> {
     let io_error = |context| move |source| ConnectionError::io(peer.to_owned(), context, source);
     stream
         .set_stream_timeouts(None)
         .map_err(io_error("clearing handshake timeouts"))?;
-    let writer = stream.try_clone_stream().map_err(io_error("cloning socket"))?;
-    let control = stream.try_clone_stream().map_err(io_error("cloning socket"))?;
+    let writer = stream
+        .try_clone_stream()
+        .map_err(io_error("cloning socket"))?;
+    let control = stream
+        .try_clone_stream()
+        .map_err(io_error("cloning socket"))?;
     let connection = Connection {
         reader: Mutex::new(BufReader::with_capacity(READ_BUFFER_BYTES, stream)),
         writer: Mutex::new(writer),
@@ -143,8 +178,9 @@ fn drive_handshake<S: NbdStream>(
         let received = read_some(stream, &mut chunk[..wanted])
             .map_err(|source| ConnectionError::io(peer.to_owned(), "reading handshake", source))?;
         if received == 0 {
-            let reason = CloseReason::Protocol("client disconnected during the handshake".into());
-            return Err(handshake_error(peer, reason));
+            return Err(ConnectionError::HandshakeEof {
+                peer: peer.to_owned(),
+            });
         }
         machine.feed(&chunk[..received]);
     }
@@ -322,7 +358,9 @@ impl<S: NbdStream> Connection<'_, S> {
         if verdict.is_ok() {
             match buf.prefix_mut(header.length as usize) {
                 Ok(destination) => {
-                    input.read_exact(destination).map_err(|e| self.payload_error(e))?;
+                    input
+                        .read_exact(destination)
+                        .map_err(|e| self.payload_error(e))?;
                     return Ok(verdict);
                 }
                 Err(errno) => verdict = Err(errno),

@@ -320,7 +320,8 @@ impl Handshake {
         self.output.extend_from_slice(&NBD_REP_MAGIC.to_be_bytes());
         self.output.extend_from_slice(&option.to_be_bytes());
         self.output.extend_from_slice(&reply_type.to_be_bytes());
-        self.output.extend_from_slice(&len_u32(payload).to_be_bytes());
+        self.output
+            .extend_from_slice(&len_u32(payload).to_be_bytes());
         self.output.extend_from_slice(payload);
     }
 

@@ -380,7 +380,7 @@ fn check_length_limit(request: &RequestHeader, max_payload: u32) -> Result<(), E
 
 fn check_alignment(request: &RequestHeader, min_block: u32) -> Result<(), Errno> {
     let block = u64::from(min_block.max(1));
-    if request.offset % block != 0 || u64::from(request.length) % block != 0 {
+    if !request.offset.is_multiple_of(block) || !u64::from(request.length).is_multiple_of(block) {
         return Err(Errno::Invalid);
     }
     Ok(())
@@ -511,20 +511,33 @@ mod tests {
         let cases = [
             (request(Command::Unknown(99), 0, 0, 0), Errno::Invalid),
             (request(Command::Read, 1 << 7, 0, 4096), Errno::Invalid),
-            (request(Command::Read, NBD_CMD_FLAG_DF, 0, 4096), Errno::Invalid),
-            (request(Command::Write, NBD_CMD_FLAG_NO_HOLE, 0, 4096), Errno::Invalid),
+            (
+                request(Command::Read, NBD_CMD_FLAG_DF, 0, 4096),
+                Errno::Invalid,
+            ),
+            (
+                request(Command::Write, NBD_CMD_FLAG_NO_HOLE, 0, 4096),
+                Errno::Invalid,
+            ),
             (request(Command::Read, 0, 512, 4096), Errno::Invalid),
             (request(Command::Write, 0, 0, 1000), Errno::Invalid),
             (request(Command::Read, 0, 1 << 20, 4096), Errno::Invalid),
             (request(Command::Cache, 0, 1 << 20, 4096), Errno::Invalid),
             (request(Command::Write, 0, 1 << 20, 4096), Errno::NoSpace),
             (request(Command::Trim, 0, 1 << 20, 4096), Errno::NoSpace),
-            (request(Command::WriteZeroes, 0, 1 << 20, 4096), Errno::NoSpace),
+            (
+                request(Command::WriteZeroes, 0, 1 << 20, 4096),
+                Errno::NoSpace,
+            ),
             (request(Command::Write, 0, 0, LIMIT + 4096), Errno::Overflow),
             (request(Command::Read, 0, 0, LIMIT + 4096), Errno::Invalid),
         ];
         for (req, expected) in cases {
-            assert_eq!(validate_request(&req, &info, LIMIT), Err(expected), "{req:?}");
+            assert_eq!(
+                validate_request(&req, &info, LIMIT),
+                Err(expected),
+                "{req:?}"
+            );
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::connection::{self, ConnectionError};
+use crate::connection::{self, ConnectionError, Start};
 use crate::handshake::ExportInfo;
 use crate::proto::Errno;
 
@@ -32,8 +32,13 @@ pub trait Export: Send + Sync {
     fn flush(&self) -> Result<(), Errno>;
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), Errno>;
     /// `may_trim` is false when the client sent `NBD_CMD_FLAG_NO_HOLE`.
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool, may_trim: bool)
-        -> Result<(), Errno>;
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        may_trim: bool,
+    ) -> Result<(), Errno>;
     /// A prefetch hint.
     fn cache(&self, offset: u64, length: u64) -> Result<(), Errno>;
 }
@@ -107,7 +112,11 @@ impl NbdStream for UnixStream {
         self.set_write_timeout(timeout)
     }
     fn peer_label(&self) -> String {
-        match self.peer_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string())) {
+        match self
+            .peer_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+        {
             Some(path) => format!("unix:{path}"),
             None => format!("unix:fd{}", self.as_raw_fd()),
         }
@@ -191,7 +200,10 @@ impl Server {
         validate_config(&config)?;
         for (index, export) in exports.iter().enumerate() {
             validate_export(&export.info)?;
-            if exports[..index].iter().any(|e| e.info.name == export.info.name) {
+            if exports[..index]
+                .iter()
+                .any(|e| e.info.name == export.info.name)
+            {
                 return Err(invalid_export(&export.info, "duplicate export name"));
             }
         }
@@ -233,7 +245,21 @@ impl Server {
     /// requests, or shutdown.
     pub fn serve_stream<S: NbdStream>(&self, stream: S) -> Result<(), ConnectionError> {
         let registration = self.register(&stream)?;
-        connection::serve(&self.shared, stream, registration)
+        connection::serve(&self.shared, stream, Start::Handshake, registration)
+    }
+
+    /// Like [`Server::serve_stream`] but skips the handshake and serves
+    /// `exports[export]` directly: for a socket pair whose other end was
+    /// handed to the Linux kernel with `NBD_SET_SOCK` (the kernel never
+    /// negotiates; size and flags are set by ioctl).
+    pub fn serve_transmission<S: NbdStream>(
+        &self,
+        stream: S,
+        export: usize,
+    ) -> Result<(), ConnectionError> {
+        let registration = self.register(&stream)?;
+        let start = Start::Transmission { export };
+        connection::serve(&self.shared, stream, start, registration)
     }
 
     /// Starts a graceful shutdown and returns at once: accept loops stop, no
@@ -263,7 +289,10 @@ impl Server {
     pub fn wait_idle_timeout(&self, timeout: Duration) -> bool {
         let connections = lock(&self.shared.connections);
         let still_open = |c: &mut Connections| !c.open.is_empty();
-        let waited = self.shared.idle.wait_timeout_while(connections, timeout, still_open);
+        let waited = self
+            .shared
+            .idle
+            .wait_timeout_while(connections, timeout, still_open);
         let (_guard, result) = waited.unwrap_or_else(PoisonError::into_inner);
         !result.timed_out()
     }
@@ -297,10 +326,12 @@ impl Server {
     }
 
     fn serve_listener<L: Acceptor>(&self, listener: &L) -> Result<(), ServerError> {
-        listener.set_nonblocking(true).map_err(|source| ServerError::Io {
-            context: "making the listener non-blocking",
-            source,
-        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| ServerError::Io {
+                context: "making the listener non-blocking",
+                source,
+            })?;
         info!(listener = L::KIND, "NBD server accepting connections");
         while self.wait_for_client(listener)? {
             match listener.accept_stream() {
@@ -343,7 +374,7 @@ impl Server {
         let shared = Arc::clone(&self.shared);
         let spawned = thread::Builder::new()
             .name("nbd-conn".into())
-            .spawn(move || connection::serve(&shared, stream, registration));
+            .spawn(move || connection::serve(&shared, stream, Start::Handshake, registration));
         if let Err(error) = spawned {
             warn!(%peer, %error, "cannot start a connection thread; dropping connection");
         }
@@ -352,13 +383,19 @@ impl Server {
 
 fn validate_config(config: &ServerConfig) -> Result<(), ServerError> {
     if config.threads_per_connection == 0 {
-        return Err(ServerError::InvalidConfig("threads_per_connection must be at least 1".into()));
+        return Err(ServerError::InvalidConfig(
+            "threads_per_connection must be at least 1".into(),
+        ));
     }
     if config.max_request == 0 {
-        return Err(ServerError::InvalidConfig("max_request must be positive".into()));
+        return Err(ServerError::InvalidConfig(
+            "max_request must be positive".into(),
+        ));
     }
     if config.handshake_timeout.is_zero() {
-        return Err(ServerError::InvalidConfig("handshake_timeout must be positive".into()));
+        return Err(ServerError::InvalidConfig(
+            "handshake_timeout must be positive".into(),
+        ));
     }
     Ok(())
 }
@@ -368,18 +405,30 @@ fn validate_config(config: &ServerConfig) -> Result<(), ServerError> {
 fn validate_export(info: &ExportInfo) -> Result<(), ServerError> {
     const MAX_STRING: usize = 4096;
     if info.name.len() > MAX_STRING || info.description.len() > MAX_STRING {
-        return Err(invalid_export(info, "name and description must be at most 4096 bytes"));
+        return Err(invalid_export(
+            info,
+            "name and description must be at most 4096 bytes",
+        ));
     }
     if !info.min_block.is_power_of_two() || info.min_block > 65536 {
-        return Err(invalid_export(info, "min_block must be a power of two up to 65536"));
+        return Err(invalid_export(
+            info,
+            "min_block must be a power of two up to 65536",
+        ));
     }
     if !info.preferred_block.is_power_of_two() || info.preferred_block < info.min_block {
-        return Err(invalid_export(info, "preferred_block must be a power of two >= min_block"));
+        return Err(invalid_export(
+            info,
+            "preferred_block must be a power of two >= min_block",
+        ));
     }
     if info.max_block < info.min_block
-        || (info.max_block % info.min_block != 0 && info.max_block != u32::MAX)
+        || (!info.max_block.is_multiple_of(info.min_block) && info.max_block != u32::MAX)
     {
-        return Err(invalid_export(info, "max_block must be a multiple of min_block"));
+        return Err(invalid_export(
+            info,
+            "max_block must be a multiple of min_block",
+        ));
     }
     Ok(())
 }

@@ -135,7 +135,11 @@ fn go_flow_enters_transmission() {
     assert_eq!(
         replies,
         vec![
-            reply(NBD_OPT_GO, NBD_REP_INFO, export_info_payload(1 << 30, flags)),
+            reply(
+                NBD_OPT_GO,
+                NBD_REP_INFO,
+                export_info_payload(1 << 30, flags)
+            ),
             reply(
                 NBD_OPT_GO,
                 NBD_REP_INFO,
@@ -419,7 +423,11 @@ fn bytes_after_go_are_left_for_transmission() {
     let go_len = input.len();
     input.extend_from_slice(&[0x25, 0x60, 0x95, 0x13]);
     assert_eq!(handshake.feed(&input), go_len);
-    assert_eq!(handshake.feed(&input[go_len..]), 0, "done: consumes nothing");
+    assert_eq!(
+        handshake.feed(&input[go_len..]),
+        0,
+        "done: consumes nothing"
+    );
 }
 
 #[test]

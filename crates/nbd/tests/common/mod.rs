@@ -15,12 +15,31 @@ pub const BLOCK: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    Read { offset: u64, len: usize },
-    Write { offset: u64, len: usize, fua: bool },
+    Read {
+        offset: u64,
+        len: usize,
+    },
+    Write {
+        offset: u64,
+        len: usize,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, length: u64, fua: bool },
-    WriteZeroes { offset: u64, length: u64, fua: bool, may_trim: bool },
-    Cache { offset: u64, length: u64 },
+    Trim {
+        offset: u64,
+        length: u64,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        length: u64,
+        fua: bool,
+        may_trim: bool,
+    },
+    Cache {
+        offset: u64,
+        length: u64,
+    },
 }
 
 /// A `Vec<u8>` behind a mutex that records calls, checks buffer alignment,
@@ -80,7 +99,7 @@ impl MemExport {
     }
 
     fn check_alignment(&self, ptr: *const u8) {
-        if ptr as usize % BLOCK != 0 {
+        if !(ptr as usize).is_multiple_of(BLOCK) {
             self.misaligned_buffer_seen.store(true, Ordering::SeqCst);
         }
     }
@@ -145,7 +164,13 @@ impl Export for MemExport {
         Ok(())
     }
 
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool, may_trim: bool) -> Result<(), Errno> {
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        may_trim: bool,
+    ) -> Result<(), Errno> {
         self.record(Call::WriteZeroes {
             offset,
             length,
@@ -235,8 +260,26 @@ impl<S: Read + Write> Client<S> {
         }
     }
 
+    /// A client on a socket that skipped the handshake.
+    pub fn preconnected(stream: S, size: u64) -> Client<S> {
+        Client {
+            stream,
+            size,
+            flags: 0,
+            pending: HashMap::new(),
+            next_cookie: 1,
+        }
+    }
+
     /// Sends a request and returns its cookie.
-    pub fn send(&mut self, command: Command, flags: u16, offset: u64, length: u32, payload: &[u8]) -> u64 {
+    pub fn send(
+        &mut self,
+        command: Command,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let header = RequestHeader {
@@ -258,7 +301,10 @@ impl<S: Read + Write> Client<S> {
         assert_eq!(&header[0..4], &NBD_SIMPLE_REPLY_MAGIC.to_be_bytes());
         let error = u32::from_be_bytes(header[4..8].try_into().unwrap());
         let cookie = u64::from_be_bytes(header[8..16].try_into().unwrap());
-        let (command, length) = self.pending.remove(&cookie).expect("reply to a pending cookie");
+        let (command, length) = self
+            .pending
+            .remove(&cookie)
+            .expect("reply to a pending cookie");
         let mut data = Vec::new();
         if error == 0 && command == Command::Read {
             data = vec![0; length as usize];
@@ -272,7 +318,14 @@ impl<S: Read + Write> Client<S> {
     }
 
     /// Sends one request and waits for its reply.
-    pub fn call(&mut self, command: Command, flags: u16, offset: u64, length: u32, payload: &[u8]) -> Reply {
+    pub fn call(
+        &mut self,
+        command: Command,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> Reply {
         let cookie = self.send(command, flags, offset, length, payload);
         let reply = self.recv();
         assert_eq!(reply.cookie, cookie);
@@ -289,7 +342,8 @@ impl<S: Read + Write> Client<S> {
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
-        self.call(Command::Write, 0, offset, data.len() as u32, data).error
+        self.call(Command::Write, 0, offset, data.len() as u32, data)
+            .error
     }
 
     /// True if the server has closed the connection.
@@ -329,5 +383,7 @@ pub fn read_go_replies(stream: &mut impl Read) -> (u64, u16) {
 }
 
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| seed.wrapping_mul(31).wrapping_add(i as u8)).collect()
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
+        .collect()
 }

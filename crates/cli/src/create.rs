@@ -1,0 +1,125 @@
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ssdcache_device::identity;
+use ssdcache_device::BlockDevice;
+use ssdcache_engine::NewVolume;
+
+use crate::devices::{open_device, same_device};
+use crate::size::{human, parse_size};
+use crate::ModeArg;
+
+#[derive(Args)]
+pub struct CreateArgs {
+    /// Cache device or file (SSD, NVMe partition, file on fast storage); it is overwritten
+    #[arg(long, value_name = "PATH")]
+    cache: PathBuf,
+    /// Backing device or file (the slow disk); read to learn its identity, never written
+    #[arg(long, value_name = "PATH")]
+    backing: PathBuf,
+    /// Cache line size: a power of two from 4KiB to 1MiB
+    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
+    line_size: u64,
+    /// Caching mode of the volume
+    #[arg(long, value_enum, default_value = "write-through")]
+    mode: ModeArg,
+    /// Volume name, also the NBD export name [default: the backing file's name]
+    #[arg(long)]
+    name: Option<String>,
+    /// Overwrite an existing ssdcache cache (its cached data is dropped; backing untouched)
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(args: CreateArgs) -> Result<()> {
+    for (what, path) in [("cache", &args.cache), ("backing device", &args.backing)] {
+        std::fs::metadata(path)
+            .with_context(|| format!("cannot open {what} {}", path.display()))?;
+    }
+    if same_device(&args.cache, &args.backing)? {
+        bail!(
+            "--cache {} and --backing {} are the same file or device; the cache must be a different, faster device",
+            args.cache.display(),
+            args.backing.display()
+        );
+    }
+    let name = volume_name(args.name.as_deref(), &args.backing)?;
+    // Locks make a running ssdcache that holds either device refuse us, and us it.
+    let backing = open_device(&args.backing, "backing device", false, true)?;
+    let cache = open_device(&args.cache, "cache", true, true)?;
+    if let Ok(existing) = ssdcache_engine::read_superblock(&*cache) {
+        if !args.force {
+            let vols: Vec<&str> = existing.volumes.iter().map(|v| v.name.as_str()).collect();
+            bail!(
+                "{} already holds an ssdcache cache (volumes: {}); add --force to overwrite it \
+                 (its cached data is dropped; backing devices are not touched)",
+                args.cache.display(),
+                vols.join(", ")
+            );
+        }
+    }
+    let ident = identity::probe(&args.backing, backing.size())
+        .with_context(|| format!("cannot identify backing device {}", args.backing.display()))?;
+    let sb = ssdcache_engine::format(
+        &*cache,
+        args.line_size,
+        NewVolume {
+            name: name.clone(),
+            mode: args.mode.mode(),
+            backing: ident,
+        },
+    )
+    .with_context(|| format!("cannot format {}", args.cache.display()))?;
+    let l = sb.layout;
+    println!(
+        "created cache {}: {} lines of {} ({} for data, {} for metadata)",
+        args.cache.display(),
+        l.line_count,
+        human(l.line_size),
+        human(l.line_count * l.line_size),
+        human(l.data_offset),
+    );
+    println!(
+        "volume '{}' ({}): backing {} ({}), export name '{}'",
+        name,
+        args.mode.mode(),
+        args.backing.display(),
+        human(backing.size()),
+        name
+    );
+    println!(
+        "next: ssdcache serve --cache {} --socket PATH",
+        args.cache.display()
+    );
+    Ok(())
+}
+
+/// The given name, or the backing file's name with characters NBD URIs dislike replaced.
+fn volume_name(given: Option<&str>, backing: &Path) -> Result<String> {
+    let name = match given {
+        Some(n) => n.to_owned(),
+        None => backing
+            .file_name()
+            .map(|f| {
+                f.to_string_lossy()
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_else(|| "volume".to_owned()),
+    };
+    if name.is_empty()
+        || name.len() > ssdcache_format::superblock::NAME_LEN
+        || name.contains(['/', '?', '#'])
+    {
+        bail!("volume name {name:?} must be 1 to 64 bytes without '/', '?' or '#'; choose one with --name");
+    }
+    Ok(name)
+}

@@ -1,0 +1,150 @@
+//! `ssdcache`: a user-space SSD cache for hard drives, served over NBD.
+
+mod config;
+mod control;
+mod create;
+mod devices;
+mod report;
+mod serve;
+mod size;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "ssdcache",
+    version,
+    about = "A user-space SSD cache for hard drives, served as a block device over NBD",
+    long_about = "ssdcache puts a fast device (SSD, NVMe, RAM disk, or a file on one) in front of a slow \
+one (a hard drive, a RAID, a file on one) and serves the pair as one block device over NBD. The \
+backing device is never reformatted: it keeps its data at the same addresses and mounts without \
+ssdcache at any time (in the modes available now the cache never holds the only copy of data).\n\n\
+Typical use:\n  ssdcache create --cache /dev/nvme0n1p2 --backing /dev/sdb --mode write-through\n  \
+ssdcache serve --cache /dev/nvme0n1p2 --socket /run/ssdcache/sdb.sock\n  \
+nbd-client -unix /run/ssdcache/sdb.sock /dev/nbd0     (or qemu, nbdfuse, nbdcopy...)\n  \
+ssdcache stats --cache /dev/nvme0n1p2\n\nSee docs/operations.md and docs/design.md.",
+    after_help = "Set RUST_LOG=debug for more log output. Exit status: 0 on success, 1 on error, 2 on bad usage."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    /// Reads fill the cache; writes go to the backing device and the cache, acknowledged after
+    /// the backing write.
+    WriteThrough,
+    /// Reads fill the cache; writes go to the backing device only and drop cached copies.
+    WriteAround,
+    /// The cache is not used; every request goes to the backing device.
+    PassThrough,
+}
+
+impl ModeArg {
+    pub fn mode(self) -> ssdcache_format::CacheMode {
+        use ssdcache_format::CacheMode;
+        match self {
+            ModeArg::WriteThrough => CacheMode::WriteThrough,
+            ModeArg::WriteAround => CacheMode::WriteAround,
+            ModeArg::PassThrough => CacheMode::PassThrough,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Format a cache device for a backing device (writes nothing to the backing device)
+    #[command(
+        long_about = "Formats PATH given by --cache as an ssdcache cache for the backing device \
+given by --backing: two checksummed superblock copies recording the backing device's identity \
+(size; for a block device its /dev/disk/by-id name, for a file its device, inode and creation \
+time), a metadata area and a data area of cache lines. Only the cache is written; the backing \
+device is opened read-only and never modified.\n\n\
+Refuses, and says what to do, when: the cache is smaller than 16 MiB or holds fewer than 64 lines; \
+the cache and the backing device are the same file or device; either is in use by a running \
+ssdcache; the cache already holds an ssdcache superblock (unless --force); a size is not a \
+multiple of 4096 bytes; a path cannot be opened."
+    )]
+    Create(create::CreateArgs),
+    /// Serve the volumes of a cache over NBD (foreground daemon)
+    #[command(
+        long_about = "Opens a cache and its backing devices, checks that each backing device is \
+the one recorded at create, and serves each volume as an NBD export named after the volume (the \
+empty export name reaches the first volume) on a Unix socket (mode 0600), and on TCP with --listen.\n\n\
+After a clean stop (SIGTERM or SIGINT: in-flight requests finish, the cache map is written, the \
+cache is marked clean) the next start is warm. After a crash or kill -9 the cached data is \
+discarded and the next start is cold: the backing device holds all data in every mode available \
+now, so nothing is lost and nothing stale is ever served.\n\n\
+Settings come from flags, from a TOML file given with --config, or both (flags win). See \
+docs/operations.md for the file format. A control socket (--control) answers `ssdcache stats` \
+and `ssdcache info` while the daemon runs."
+    )]
+    Serve(serve::ServeArgs),
+    /// Show a cache's superblock and configuration
+    Info(report::InfoArgs),
+    /// Show cache statistics: live from the daemon, or offline from the devices
+    #[command(
+        long_about = "Prints reads, writes, read hits and misses, write hits, bytes served \
+from the cache and from the backing device, and occupancy, per volume. When a daemon serves the \
+cache the numbers are live (asked over its control socket); otherwise they are the counters saved \
+at the last clean stop and the occupancy of the saved cache map."
+    )]
+    Stats(report::StatsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        restore_default_sigpipe();
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+    let result = match cli.command {
+        Command::Create(a) => create::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Info(a) => report::info(a),
+        Command::Stats(a) => report::stats(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ssdcache: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where sockets go by default: /run/ssdcache for root, else the user's runtime directory.
+pub fn runtime_dir() -> PathBuf {
+    if unsafe_free_is_root() {
+        return PathBuf::from("/run/ssdcache");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) => PathBuf::from(d).join("ssdcache"),
+        None => std::env::temp_dir().join("ssdcache"),
+    }
+}
+
+fn unsafe_free_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Lets `ssdcache stats | head` end quietly, as command-line tools do. Not for the daemon,
+/// which must see EPIPE from a client that went away instead of dying.
+fn restore_default_sigpipe() {
+    // SAFETY: setting a signal disposition to SIG_DFL at start, before any other thread runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}

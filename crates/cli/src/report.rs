@@ -1,0 +1,324 @@
+//! `info` and `stats`: the same reports from a running daemon (control socket) or offline
+//! from the devices, printed for people or as JSON.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use ssdcache_engine::{Cache, VolumeStats};
+use ssdcache_format::{CacheState, Superblock, VolumeCounters};
+
+use crate::control;
+use crate::devices::open_device;
+use crate::size::human;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Cache device or file
+    #[arg(long, value_name = "PATH")]
+    cache: PathBuf,
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    /// Cache device or file (finds the daemon's control socket, or reads offline)
+    #[arg(long, value_name = "PATH", required_unless_present = "control")]
+    cache: Option<PathBuf>,
+    /// Control socket of a running daemon [default: derived from the cache's UUID]
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct VolumeReport {
+    pub name: String,
+    pub mode: String,
+    pub size: u64,
+    #[serde(flatten)]
+    pub counters: std::collections::BTreeMap<String, u64>,
+    pub read_hit_ratio: f64,
+    pub lines_used: u64,
+    pub occupancy_bytes: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct StatsReport {
+    /// "live" (from the daemon) or "offline" (saved at the last clean stop).
+    pub source: String,
+    pub cache: String,
+    pub line_size: u64,
+    pub lines: u64,
+    pub capacity_bytes: u64,
+    pub volumes: Vec<VolumeReport>,
+}
+
+fn volume_report(v: &VolumeStats) -> VolumeReport {
+    let c = &v.counters.0;
+    let counters = VolumeCounters::NAMES
+        .iter()
+        .zip(c)
+        .map(|(n, &x)| ((*n).to_owned(), x))
+        .collect();
+    let (hits, misses) = (c[2], c[3]);
+    VolumeReport {
+        name: v.name.clone(),
+        mode: v.mode.to_string(),
+        size: v.size,
+        counters,
+        read_hit_ratio: if hits + misses == 0 {
+            0.0
+        } else {
+            hits as f64 / (hits + misses) as f64
+        },
+        lines_used: v.lines_used,
+        occupancy_bytes: v.bytes_cached,
+    }
+}
+
+fn stats_report(
+    source: &str,
+    sb: &Superblock,
+    cache_path: &Path,
+    vols: &[VolumeStats],
+) -> StatsReport {
+    let l = sb.layout;
+    StatsReport {
+        source: source.to_owned(),
+        cache: cache_path.display().to_string(),
+        line_size: l.line_size,
+        lines: l.line_count,
+        capacity_bytes: l.line_count * l.line_size,
+        volumes: vols.iter().map(volume_report).collect(),
+    }
+}
+
+pub fn live_stats(cache: &Cache, cache_path: &Path) -> StatsReport {
+    let vols: Vec<VolumeStats> = cache.volumes().iter().map(|v| v.stats()).collect();
+    stats_report("live", &cache.superblock(), cache_path, &vols)
+}
+
+fn read_sb(path: &Path) -> Result<(std::sync::Arc<ssdcache_device::FileDevice>, Superblock)> {
+    let dev = open_device(path, "cache", false, false)?;
+    let sb = ssdcache_engine::read_superblock(&*dev)?;
+    Ok((dev, sb))
+}
+
+pub fn stats(args: StatsArgs) -> Result<()> {
+    let mut sb_dev = None;
+    let control_path = match (&args.control, &args.cache) {
+        (Some(c), _) => c.clone(),
+        (None, Some(cache)) => {
+            let (dev, sb) = read_sb(cache)?;
+            let p = control::default_path(&sb.cache_uuid);
+            sb_dev = Some((dev, sb));
+            p
+        }
+        (None, None) => anyhow::bail!("give --cache PATH or --control PATH"),
+    };
+    let report: StatsReport = match control::query(&control_path, "stats")? {
+        Some(v) => serde_json::from_value(v).context("daemon sent stats in an unknown shape")?,
+        None => {
+            let Some((dev, sb)) = sb_dev else {
+                anyhow::bail!(
+                    "no daemon answers on {}; give --cache PATH for offline stats",
+                    control_path.display()
+                );
+            };
+            let vols = ssdcache_engine::offline_stats(&*dev, &sb)?;
+            let cache = args.cache.clone().unwrap_or_default();
+            stats_report("offline", &sb, &cache, &vols)
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_stats(&report);
+    }
+    Ok(())
+}
+
+fn print_stats(r: &StatsReport) {
+    println!(
+        "cache {} ({}): {} lines of {}, {}",
+        r.cache,
+        r.source,
+        r.lines,
+        human(r.line_size),
+        human(r.capacity_bytes)
+    );
+    for v in &r.volumes {
+        let c = |k: &str| v.counters.get(k).copied().unwrap_or(0);
+        println!("volume {} ({}, {})", v.name, v.mode, human(v.size));
+        println!(
+            "  reads        {:>12}   hits {} / misses {}   hit ratio {:.1}%",
+            c("reads"),
+            c("read_hits"),
+            c("read_misses"),
+            100.0 * v.read_hit_ratio
+        );
+        println!(
+            "  writes       {:>12}   write hits {}",
+            c("writes"),
+            c("write_hits")
+        );
+        println!(
+            "  from cache   {:>12}   from backing {}",
+            human(c("bytes_from_cache")),
+            human(c("bytes_from_backing"))
+        );
+        println!(
+            "  to cache     {:>12}   to backing {}",
+            human(c("bytes_to_cache")),
+            human(c("bytes_to_backing"))
+        );
+        println!(
+            "  trims {}  write-zeroes {}  flushes {}",
+            c("trims"),
+            c("write_zeroes"),
+            c("flushes")
+        );
+        println!(
+            "  occupancy    {:>12}   in {} lines ({:.1}% of the cache)",
+            human(v.occupancy_bytes),
+            v.lines_used,
+            100.0 * v.lines_used as f64 / r.lines.max(1) as f64
+        );
+        if c("cache_errors") + c("backing_errors") > 0 {
+            println!(
+                "  ERRORS       cache device {}   backing device {}",
+                c("cache_errors"),
+                c("backing_errors")
+            );
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct InfoReport {
+    pub cache: String,
+    pub uuid: String,
+    pub format_version: u32,
+    pub state: String,
+    pub sequence: u64,
+    pub unclean_starts: u64,
+    pub created_unix: u64,
+    pub cache_size: u64,
+    pub line_size: u64,
+    pub lines: u64,
+    pub metadata_offset: u64,
+    pub metadata_bytes: u64,
+    pub journal_offset: u64,
+    pub journal_bytes: u64,
+    pub data_offset: u64,
+    pub volumes: Vec<InfoVolume>,
+}
+
+#[derive(Serialize)]
+pub struct InfoVolume {
+    pub id: u16,
+    pub name: String,
+    pub uuid: String,
+    pub mode: String,
+    pub read_only: bool,
+    pub policy: String,
+    pub backing_path: String,
+    pub backing_kind: String,
+    pub backing_size: u64,
+    pub backing_id: String,
+    pub dirty_bytes: u64,
+}
+
+pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
+    let l = sb.layout;
+    InfoReport {
+        cache: cache_path.display().to_string(),
+        uuid: uuid::Uuid::from_bytes(sb.cache_uuid).to_string(),
+        format_version: sb.version,
+        state: match sb.state {
+            CacheState::Clean => "clean".into(),
+            CacheState::Running => "running (or stopped uncleanly: the next start is cold)".into(),
+        },
+        sequence: sb.sequence,
+        unclean_starts: sb.unclean_starts,
+        created_unix: sb.created_unix,
+        cache_size: l.cache_size,
+        line_size: l.line_size,
+        lines: l.line_count,
+        metadata_offset: l.meta_offset,
+        metadata_bytes: l.meta_len,
+        journal_offset: l.journal_offset,
+        journal_bytes: l.journal_len,
+        data_offset: l.data_offset,
+        volumes: sb
+            .volumes
+            .iter()
+            .map(|v| InfoVolume {
+                id: v.id,
+                name: v.name.clone(),
+                uuid: uuid::Uuid::from_bytes(v.uuid).to_string(),
+                mode: v.mode.to_string(),
+                read_only: v.read_only,
+                policy: "lru".into(),
+                backing_path: v.backing.path.clone(),
+                backing_kind: format!("{:?}", v.backing.kind),
+                backing_size: v.backing.size,
+                backing_id: v.backing.stable_id.clone(),
+                dirty_bytes: v.dirty_bytes,
+            })
+            .collect(),
+    }
+}
+
+pub fn info(args: InfoArgs) -> Result<()> {
+    let (_dev, sb) = read_sb(&args.cache)?;
+    let r = info_report(&sb, &args.cache);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("cache       {} (uuid {})", r.cache, r.uuid);
+    println!(
+        "format      version {}, sequence {}, state {}",
+        r.format_version, r.sequence, r.state
+    );
+    println!(
+        "size        {} = {} lines of {} + {} metadata/journal",
+        human(r.cache_size),
+        r.lines,
+        human(r.line_size),
+        human(r.data_offset)
+    );
+    println!(
+        "unclean     {} starts after an unclean stop",
+        r.unclean_starts
+    );
+    for v in &r.volumes {
+        println!(
+            "volume {}   '{}' mode {}{} policy {}",
+            v.id,
+            v.name,
+            v.mode,
+            if v.read_only { " read-only" } else { "" },
+            v.policy
+        );
+        println!(
+            "  backing   {} ({}, {}, id {})",
+            v.backing_path,
+            v.backing_kind,
+            human(v.backing_size),
+            v.backing_id
+        );
+        println!(
+            "  dirty     {} (the backing device alone is consistent)",
+            human(v.dirty_bytes)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! The daemon: open and check devices, serve NBD, answer the control socket, stop cleanly.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ssdcache_device::{identity, BlockDevice};
+use ssdcache_engine::{Cache, EngineError, Volume};
+use ssdcache_format::{Superblock, VolumeSlot};
+use ssdcache_nbd::{
+    transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerExport,
+};
+
+use crate::config::FileConfig;
+use crate::control;
+use crate::devices::open_device;
+use crate::size::human;
+
+const MAX_REQUEST: u32 = 32 << 20;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (see docs/operations.md); flags override its keys
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Cache device or file made by `ssdcache create`
+    #[arg(long, value_name = "PATH")]
+    cache: Option<PathBuf>,
+    /// Unix socket for NBD clients, mode 0600 [default: /run/ssdcache/VOLUME.sock as root]
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Also serve NBD over TCP on this address, e.g. 127.0.0.1:10809 (no TLS yet)
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Control socket for `stats` and `info` [default: /run/ssdcache/CACHE-UUID.ctl as root]
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+    /// Export every volume read-only
+    #[arg(long)]
+    read_only: bool,
+    /// Worker threads per NBD connection (requests in flight per connection)
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Where a volume's backing device is now, if not at its recorded path (repeatable)
+    #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
+    backing: Vec<(String, PathBuf)>,
+}
+
+fn parse_backing(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_owned(), PathBuf::from(path)))
+        }
+        _ => Err(format!("{s:?} is not NAME=PATH")),
+    }
+}
+
+struct Settings {
+    cache: PathBuf,
+    socket: Option<PathBuf>,
+    listen: Option<String>,
+    control: Option<PathBuf>,
+    read_only: bool,
+    threads: usize,
+    backing: BTreeMap<String, PathBuf>,
+}
+
+fn settings(args: ServeArgs) -> Result<Settings> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let Some(cache) = args.cache.or(file.cache) else {
+        bail!("no cache given: use --cache PATH or `cache = \"PATH\"` in the config file");
+    };
+    let mut backing = file.backing;
+    backing.extend(args.backing);
+    let threads = args.threads.or(file.threads).unwrap_or(8);
+    if !(1..=256).contains(&threads) {
+        bail!("--threads {threads} is out of range (1 to 256)");
+    }
+    Ok(Settings {
+        cache,
+        socket: args.socket.or(file.socket),
+        listen: args.listen.or(file.listen),
+        control: args.control.or(file.control),
+        read_only: args.read_only || file.read_only.unwrap_or(false),
+        threads,
+        backing,
+    })
+}
+
+/// Opens the backing device of a volume and proves it is the one recorded at create.
+fn open_backing(
+    slot: &VolumeSlot,
+    overrides: &BTreeMap<String, PathBuf>,
+) -> Result<Arc<dyn BlockDevice>> {
+    let path = overrides
+        .get(&slot.name)
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(&slot.backing.path));
+    let dev = open_device(
+        &path,
+        &format!("backing device of volume '{}'", slot.name),
+        true,
+        true,
+    )
+    .with_context(|| {
+        format!(
+            "if the disk moved, point to it with --backing {}=PATH",
+            slot.name
+        )
+    })?;
+    let found = identity::probe(&path, dev.size())
+        .with_context(|| format!("cannot identify {}", path.display()))?;
+    if let Some(why) = identity::mismatch(&slot.backing, &found) {
+        bail!(
+            "refusing to serve volume '{}': {} is not the backing device this cache was created for ({why}). \
+             Point to the right device with --backing {}=PATH; if the cache really belongs to this device now, \
+             re-create it with `ssdcache create --force` (write-through caches hold no data the backing device lacks)",
+            slot.name,
+            path.display(),
+            slot.name
+        );
+    }
+    Ok(dev)
+}
+
+struct VolumeExport(Arc<Volume>);
+
+fn errno(e: EngineError) -> Errno {
+    tracing::debug!("request failed: {e}");
+    match e {
+        EngineError::OutOfRange { .. } | EngineError::Misaligned { .. } => Errno::Invalid,
+        EngineError::ReadOnly(_) => Errno::Perm,
+        EngineError::Backing { .. } | EngineError::CacheDevice { .. } | EngineError::Format(_) => {
+            Errno::Io
+        }
+    }
+}
+
+impl Export for VolumeExport {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        self.0.read(offset, buf).map_err(errno)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
+        self.0.write(offset, data, fua).map_err(errno)
+    }
+    fn flush(&self) -> Result<(), Errno> {
+        self.0.flush().map_err(errno)
+    }
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), Errno> {
+        self.0.trim(offset, length, fua).map_err(errno)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        _may_trim: bool,
+    ) -> Result<(), Errno> {
+        self.0.write_zeroes(offset, length, fua).map_err(errno)
+    }
+    fn cache(&self, offset: u64, length: u64) -> Result<(), Errno> {
+        self.0.prefetch(offset, length).map_err(errno)
+    }
+}
+
+fn exports(cache: &Cache, read_only: bool) -> Vec<ServerExport> {
+    cache
+        .volumes()
+        .iter()
+        .map(|v| {
+            let ro = read_only || v.read_only();
+            ServerExport {
+                info: ExportInfo {
+                    name: v.name().to_owned(),
+                    description: format!("ssdcache volume {} ({})", v.name(), v.mode()),
+                    size: v.size(),
+                    flags: transmission_flags(ro),
+                    min_block: 4096,
+                    preferred_block: v.line_size().min(u64::from(MAX_REQUEST)) as u32,
+                    max_block: MAX_REQUEST,
+                },
+                backend: Arc::new(VolumeExport(v.clone())),
+            }
+        })
+        .collect()
+}
+
+fn bind_nbd_socket(path: &Path) -> Result<UnixListener> {
+    control::prepare_socket_path(path)?;
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
+    let dev = open_device(&s.cache, "cache", true, true)?;
+    let sb = ssdcache_engine::read_superblock(&*dev)
+        .with_context(|| format!("cannot use cache {}", s.cache.display()))?;
+    let backings = sb
+        .volumes
+        .iter()
+        .map(|v| open_backing(v, &s.backing))
+        .collect::<Result<Vec<_>>>()?;
+    if !dev.is_direct() {
+        tracing::warn!(
+            "cache {}: no O_DIRECT on this filesystem",
+            s.cache.display()
+        );
+    }
+    let (cache, report) = Cache::open(dev, sb.clone(), backings)
+        .with_context(|| format!("cannot open cache {}", s.cache.display()))?;
+    match report.cold_reason {
+        None => tracing::info!(
+            "cache warm: {} lines, {} restored from the clean-stop checkpoint",
+            report.restored_lines,
+            human(report.restored_bytes)
+        ),
+        Some(why) => tracing::info!("cache starts cold: {why}"),
+    }
+    Ok((Arc::new(cache), sb))
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let s = settings(args)?;
+    let (cache, sb) = open_cache(&s)?;
+    let first = sb
+        .volumes
+        .first()
+        .map(|v| v.name.clone())
+        .unwrap_or_default();
+    let socket = s
+        .socket
+        .clone()
+        .unwrap_or_else(|| crate::runtime_dir().join(format!("{first}.sock")));
+    let control_path = s
+        .control
+        .clone()
+        .unwrap_or_else(|| control::default_path(&sb.cache_uuid));
+    let server = Arc::new(
+        Server::new(
+            exports(&cache, s.read_only),
+            ServerConfig {
+                threads_per_connection: s.threads,
+                max_request: MAX_REQUEST,
+                ..ServerConfig::default()
+            },
+        )
+        .context("cannot start the NBD server")?,
+    );
+    let unix = bind_nbd_socket(&socket)?;
+    let tcp = match &s.listen {
+        Some(addr) => Some(
+            std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
+    control::spawn(
+        control::bind(&control_path)?,
+        cache.clone(),
+        s.cache.clone(),
+    );
+    // `stats --cache` looks for the control socket at the default path: point it there.
+    let default_control = control::default_path(&sb.cache_uuid);
+    let control_link =
+        (default_control != control_path).then(|| control::link(&control_path, &default_control));
+    for v in cache.volumes() {
+        tracing::info!(
+            "serving volume '{}' ({}, {}) as NBD export '{}'",
+            v.name(),
+            v.mode(),
+            human(v.size()),
+            v.name()
+        );
+    }
+    tracing::info!(
+        "listening on unix:{}{}; control socket {}",
+        socket.display(),
+        s.listen
+            .as_deref()
+            .map(|a| format!(" and tcp:{a}"))
+            .unwrap_or_default(),
+        control_path.display()
+    );
+    watch_signals(server.clone())?;
+    let mut listeners = vec![{
+        let server = server.clone();
+        std::thread::spawn(move || server.serve_unix(unix))
+    }];
+    if let Some(tcp) = tcp {
+        let server = server.clone();
+        listeners.push(std::thread::spawn(move || server.serve_tcp(tcp)));
+    }
+    for l in listeners {
+        match l.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("listener stopped: {e}"),
+            Err(_) => tracing::error!("listener thread panicked"),
+        }
+    }
+    server.wait_idle();
+    tracing::info!("all requests finished; writing the cache map");
+    cache
+        .shutdown()
+        .context("clean shutdown failed; the next start will be cold (no data lost)")?;
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&control_path);
+    if let Some(Ok(link)) = control_link {
+        let _ = std::fs::remove_file(link);
+    }
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// On SIGTERM or SIGINT, starts a graceful stop; a second signal is logged, not fatal, so
+/// the map is still written.
+fn watch_signals(server: Arc<Server>) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .context("cannot install signal handlers")?;
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            tracing::info!("signal {sig}: stopping (in-flight requests finish first)");
+            server.shutdown();
+        }
+    });
+    Ok(())
+}
