@@ -10,9 +10,11 @@ Cases (each prints what it checked; exit 0 on success, 1 with a message on a fai
   misaligned     read at offset 512 -> EINVAL; write of 512 bytes at 0 (payload sent) -> EINVAL
   read-huge      read of 33 MiB -> an error, then a valid read on the same connection works
   write-huge     write of 33 MiB (payload sent) -> an error, then a valid read works
+  other-cmds     trim/write-zeroes/cache past the end or misaligned, an unknown command -> errors
+  read-only      on a --read-only export: write/trim/write-zeroes -> EPERM, reads work
   garbage        garbage instead of the client flags / options -> the server closes the connection
   disconnect-mid-write  write header for 1 MiB, half the payload, then hang up
-  all            every case above except 'handshake'
+  all            every case above except 'handshake' and 'read-only'
 Only the simple-reply protocol is used (structured replies are never requested).
 """
 
@@ -39,6 +41,9 @@ INFO_BLOCK_SIZE = 3
 CMD_READ = 0
 CMD_WRITE = 1
 CMD_DISC = 2
+CMD_TRIM = 4
+CMD_CACHE = 5
+CMD_WRITE_ZEROES = 6
 
 MiB = 1 << 20
 TIMEOUT = 30.0
@@ -147,6 +152,9 @@ def expect_err(what, got, want):
     if isinstance(want, int):
         ok = got == want
         wdesc = ename(want)
+    elif isinstance(want, tuple):
+        ok = got in want
+        wdesc = " or ".join(ename(w) for w in want)
     else:  # any error
         ok = got != 0
         wdesc = "any error"
@@ -222,6 +230,49 @@ def case_write_huge(path, export):
     err, data = c.read(0, 4096)
     if err == 0 and data == b"\xee" * 4096:
         raise Fail("the refused 33 MiB write modified the export")
+    c.close()
+
+
+def case_other_cmds(path, export):
+    c = Conn(path, export)
+    bad = (errno.EINVAL, errno.ENOSPC)
+    for name, cmd in (("trim", CMD_TRIM), ("write-zeroes", CMD_WRITE_ZEROES)):
+        expect_err("%s 4096 at size" % name, c.reply(c.request(cmd, c.size, 4096))[0], bad)
+        expect_err("%s 8192 straddling the end" % name, c.reply(c.request(cmd, c.size - 4096, 8192))[0], bad)
+        expect_err("%s 4096 at offset 512" % name, c.reply(c.request(cmd, 512, 4096))[0], errno.EINVAL)
+    expect_err("cache 4096 at size", c.reply(c.request(CMD_CACHE, c.size, 4096))[0], errno.EINVAL)
+    expect_err("unknown command 99", c.reply(c.request(99, 0, 4096))[0], errno.EINVAL)
+    # Valid trim and write-zeroes work and read back zeros.
+    pattern = b"\x5a" * 65536
+    if c.write(1 << 20, pattern)[0]:
+        raise Fail("valid 64 KiB write failed")
+    for name, cmd in (("trim", CMD_TRIM), ("write-zeroes", CMD_WRITE_ZEROES)):
+        if c.write(1 << 20, pattern)[0]:
+            raise Fail("valid 64 KiB write failed")
+        err = c.reply(c.request(cmd, 1 << 20, 65536))[0]
+        if err:
+            raise Fail("valid %s failed: %s" % (name, ename(err)))
+        err, data = c.read(1 << 20, 65536)
+        if err or data != bytes(65536):
+            raise Fail("after a valid %s, the range does not read back zeros (err %d)" % (name, err))
+        print("ok: valid %s reads back zeros" % name)
+    check_usable(c, "bad trim/write-zeroes/cache/unknown commands")
+    c.close()
+
+
+def case_read_only(path, export):
+    c = Conn(path, export)
+    if not c.flags & 2:
+        raise Fail("NBD_FLAG_READ_ONLY not set in transmission flags 0x%x" % c.flags)
+    expect_err("write on a read-only export", c.write(0, b"\x01" * 4096)[0], errno.EPERM)
+    expect_err("trim on a read-only export", c.reply(c.request(CMD_TRIM, 0, 4096))[0], errno.EPERM)
+    expect_err("write-zeroes on a read-only export", c.reply(c.request(CMD_WRITE_ZEROES, 0, 4096))[0], errno.EPERM)
+    err, data = c.read(0, 4096)
+    if err:
+        raise Fail("read on a read-only export failed: %s" % ename(err))
+    if data == b"\x01" * 4096:
+        raise Fail("the refused write landed")
+    print("ok: read-only export refuses writes with EPERM, reads work")
     c.close()
 
 
@@ -302,6 +353,8 @@ CASES = {
     "misaligned": case_misaligned,
     "read-huge": case_read_huge,
     "write-huge": case_write_huge,
+    "other-cmds": case_other_cmds,
+    "read-only": case_read_only,
     "garbage": case_garbage,
     "disconnect-mid-write": case_disconnect_mid_write,
 }
@@ -313,7 +366,7 @@ def main():
         return 2
     path, case = sys.argv[1], sys.argv[2]
     export = sys.argv[3] if len(sys.argv) > 3 else ""
-    names = [n for n in CASES if n != "handshake"] if case == "all" else [case]
+    names = [n for n in CASES if n not in ("handshake", "read-only")] if case == "all" else [case]
     try:
         for n in names:
             if n not in CASES:

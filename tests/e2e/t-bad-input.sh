@@ -20,7 +20,7 @@ log "raw handshake: $out"
 assert_contains "$out" "size=$((512 * M))" "raw handshake size"
 
 n=0
-for c in read-past-end write-past-end misaligned read-huge write-huge garbage disconnect-mid-write; do
+for c in read-past-end write-past-end misaligned read-huge write-huge other-cmds garbage disconnect-mid-write; do
     rc=0
     out=$(timeout -k 5 120 python3 "$RAW" "$SOCK" "$c" 2>&1) || rc=$?
     [[ $rc -eq 0 ]] || fail "raw NBD case '$c' (status $rc):
@@ -61,9 +61,9 @@ expect_fail_stderr "cache size not a multiple of 4096" '4096|multiple|align|sect
 truncate -s $((64 * M + 1000)) odd-backing.img
 expect_fail_stderr "backing size not a multiple of 4096" '4096|multiple|align|sector' \
     "$SSDCACHE_BIN" create --cache cache2.img --backing odd-backing.img
-expect_fail_stderr "missing cache path" 'no such|not found|open|exist|cache' \
+expect_fail_stderr "missing cache path" 'no such|not found|open|exist|read|access' \
     "$SSDCACHE_BIN" create --cache "$TEST_DIR/does-not-exist.img" --backing backing.img
-expect_fail_stderr "missing backing path" 'no such|not found|open|exist|backing' \
+expect_fail_stderr "missing backing path" 'no such|not found|open|exist|read|access' \
     "$SSDCACHE_BIN" create --cache cache2.img --backing "$TEST_DIR/does-not-exist.img"
 sha_after=$(sha256sum backing.img | cut -d' ' -f1)
 assert_eq "$sha_after" "$sha_before" "backing content after refused creates"
@@ -100,27 +100,27 @@ expect_fail_stderr "info on a corrupt cache" 'superblock|magic|not an ssdcache' 
     "$SSDCACHE_BIN" info --cache cache.img
 
 # ---- wrong backing ----
-mk_sparse backing-d.img 512M
-mk_sparse cache-d.img 64M
-create_cache cache-d.img backing-d.img --name vold
-start_server "$TEST_DIR/nbd-d.sock" --cache cache-d.img
+mk_sparse disk-d.img 512M
+mk_sparse cd.img 64M
+create_cache cd.img disk-d.img --name vold
+start_server "$TEST_DIR/nbd-d.sock" --cache cd.img
 qio "$(nbd_uri "$SOCK")" "write -P 0x42 0 1M" >/dev/null
 stop_server
 # Same file, different size.
-truncate -s 256M backing-d.img
-expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cache-d.img --socket "$TEST_DIR/nbd-d.sock"
+truncate -s 256M disk-d.img
+expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cd.img --socket "$TEST_DIR/nbd-d.sock"
 grep -qi backing <<<"$out" || fail "serve with a resized backing: message does not mention the backing: $out"
 log "resized backing refused: $(head -c 300 <<<"$out")"
 # A different file at the same path with the same size (created before the old one is removed,
 # so it cannot reuse the inode).
-truncate -s 512M backing-d.new
-rm -f backing-d.img
-mv backing-d.new backing-d.img
-expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cache-d.img --socket "$TEST_DIR/nbd-d.sock"
+truncate -s 512M disk-d.new
+rm -f disk-d.img
+mv disk-d.new disk-d.img
+expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cd.img --socket "$TEST_DIR/nbd-d.sock"
 grep -qi backing <<<"$out" || fail "serve with a replaced backing: message does not mention the backing: $out"
 log "replaced backing refused: $(head -c 300 <<<"$out")"
 # Backing gone entirely.
-rm -f backing-d.img
-expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cache-d.img --socket "$TEST_DIR/nbd-d.sock"
+rm -f disk-d.img
+expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cd.img --socket "$TEST_DIR/nbd-d.sock"
 grep -qi backing <<<"$out" || fail "serve with a missing backing: message does not mention the backing: $out"
 log "ok"

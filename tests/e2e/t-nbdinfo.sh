@@ -69,5 +69,21 @@ if command -v qemu-io >/dev/null; then
     grep -Eqi 'fail|error|read-only|permission' <<<"$out" || [[ $rc -ne 0 ]] || fail "write to read-only export succeeded: $out"
     log "write on read-only export refused: $(head -c 200 <<<"$out")"
 fi
+out=$(timeout -k 5 60 python3 "$E2E_DIR/nbd_raw.py" "$SOCK" read-only 2>&1) || fail "raw NBD read-only checks: $out"
+log "$out"
+stop_server
+
+# TCP on 127.0.0.1 (--listen), in addition to the Unix socket.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_server "$TEST_DIR/nbd.sock" --cache cache.img --listen "127.0.0.1:$port"
+ok=
+for ((i = 0; i < 100; i++)); do # the TCP listener may come up just after the Unix socket
+    if sz=$(timeout 10 nbdinfo --size "nbd://127.0.0.1:$port/" 2>/dev/null); then ok=1; break; fi
+    sleep 0.1
+done
+[[ -n $ok ]] || fail "no NBD service on 127.0.0.1:$port (--listen)"
+assert_eq "$sz" $((512 << 20)) "export size over TCP"
+j=$(timeout 30 nbdinfo --json "nbd://127.0.0.1:$port/vol0")
+check_export "$j" false
 stop_server
 log "ok"

@@ -84,9 +84,17 @@ log "full verification before restart ok"
 stats_before=$(stats_json cache.img)
 log "stats (live) before restart: $(jq -c . <<<"$stats_before")"
 
+occ_before=$(vol_field "$stats_before" vol0 occupancy_bytes)
+assert_gt "$occ_before" 0 "occupancy before the graceful stop"
 stop_server
 start_server "$TEST_DIR/nbd.sock" --cache cache.img
+st=$(stats_json cache.img)
+log "stats right after the warm restart: $(jq -c . <<<"$st")"
+assert_eq "$(vol_field "$st" vol0 occupancy_bytes)" "$occ_before" "occupancy kept across SIGTERM + restart (warm)"
+hits0=$(vol_field "$st" vol0 read_hits)
 verify_all
+st=$(stats_json cache.img)
+assert_gt "$(( $(vol_field "$st" vol0 read_hits) - hits0 ))" 0 "read_hits of the first verification pass after a warm restart"
 verify_all
 log "full verification after SIGTERM + restart ok"
 
@@ -112,3 +120,24 @@ cmp_region $((512 * M - 64 * K)) $((64 * K)) 0x77
 cmp_region $((100 * M + 2 * M)) $((M)) 0
 cmp_region $((300 * M + 12 * K)) $((2 * M + 8 * K)) 0x88
 log "backing file holds the data (write-through)"
+
+# ---- never stale after kill -9 ----
+# Cache a region, kill -9 the daemon, change the region directly on the backing file while no
+# daemon runs, restart: the cache must have been discarded, so the new bytes are what is read.
+start_server "$TEST_DIR/nbd.sock" --cache cache.img
+qio "$URI" "write -P 0xc1 $((150 * M)) $((M))" "read -P 0xc1 $((150 * M)) $((M))" \
+    "read -P 0xc1 $((150 * M)) $((M))" "read -P 0x88 $((300 * M + 12 * K)) $((2 * M + 8 * K))" >/dev/null
+st=$(stats_json cache.img)
+assert_gt "$(vol_field "$st" vol0 occupancy_bytes)" 0 "occupancy before kill -9"
+kill9_server
+# Same file (same inode), new bytes in two cached regions.
+head -c $((M)) /dev/zero | tr '\0' '\343' | dd of=backing.img bs=1M seek=150 conv=notrunc status=none
+head -c $((64 * K)) /dev/zero | tr '\0' '\344' | dd of=backing.img bs=4k seek=$(((300 * M + 12 * K) / 4096)) conv=notrunc status=none
+start_server "$TEST_DIR/nbd.sock" --cache cache.img
+st=$(stats_json cache.img)
+log "stats right after restart from kill -9: $(jq -c . <<<"$st")"
+assert_eq "$(vol_field "$st" vol0 occupancy_bytes)" 0 "occupancy right after an unclean restart"
+qio "$URI" "read -P 0xe3 $((150 * M)) $((M))" "read -P 0xe4 $((300 * M + 12 * K)) $((64 * K))" \
+    "read -P 0x88 $((300 * M + 76 * K)) $((2 * M - 56 * K))" "read -P 0x11 0 $((4 * K))" >/dev/null
+stop_server
+log "after kill -9 the cache was discarded: data changed on the backing is what is served"

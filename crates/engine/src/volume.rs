@@ -31,6 +31,11 @@ pub enum Counter {
     BackingErrors,
 }
 
+thread_local! {
+    /// One line of scratch space per thread for whole-line fills (no allocation per miss).
+    static LINE_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
+}
+
 /// The part of a request that falls in one cache line.
 #[derive(Debug, Clone, Copy)]
 struct Segment {
@@ -242,7 +247,7 @@ impl Volume {
 
     /// Reads one segment from the cache when all its sectors are there, else from the backing
     /// device, then fills the cache. Returns whether it hit. Reading a partly cached segment
-    /// whole from the backing device is right because these modes never hold dirty data.
+    /// from the backing device is right because these modes never hold dirty data.
     fn read_segment(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
         debug_assert_ne!(
             self.mode,
@@ -268,9 +273,40 @@ impl Volume {
                 }
             }
         }
-        self.read_backing(buf, seg.offset)?;
-        self.fill(seg, buf);
-        Ok(false)
+        let whole = self.whole_line(seg.line);
+        if whole.len == seg.len {
+            self.read_backing(buf, seg.offset)?;
+            self.fill(seg, buf);
+            return Ok(false);
+        }
+        // A partial-line miss reads and caches the whole line: one larger read costs a disk
+        // little more than a small one, and it keeps lines full so the cache's capacity is
+        // used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
+        LINE_SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            scratch.resize_discarding(whole.len);
+            self.read_backing(&mut scratch, whole.offset)?;
+            let at = (seg.offset - whole.offset) as usize;
+            buf.copy_from_slice(&scratch[at..at + seg.len]);
+            self.fill(&whole, &scratch);
+            Ok(false)
+        })
+    }
+
+    /// The segment covering all of `line` (the last line of a volume may be short).
+    fn whole_line(&self, line: u64) -> Segment {
+        let ls = self.core.layout.line_size;
+        let offset = line * ls;
+        let len = ls.min(self.size - offset);
+        Segment {
+            line,
+            offset,
+            buf_at: 0,
+            len: len as usize,
+            first_sector: 0,
+            sectors: (len / SECTOR_SIZE) as usize,
+            in_line: 0,
+        }
     }
 
     /// Puts a segment's data in the cache (allocating a line if needed). A cache error only

@@ -33,7 +33,7 @@ pub struct ExportInfo {
     /// Export size in bytes.
     pub size: u64,
     /// Transmission flags (`NBD_FLAG_*`, see
-    /// [`transmission_flags`](crate::proto::transmission_flags)).
+    /// [`crate::proto::transmission_flags`]).
     /// `NBD_FLAG_HAS_FLAGS` is always sent even if missing here.
     pub flags: u16,
     /// Required alignment of offsets and lengths (a power of two).
