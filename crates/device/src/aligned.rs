@@ -74,7 +74,9 @@ impl DerefMut for AlignedBuf {
 
 /// True when `buf`, `offset` and the length all meet O_DIRECT alignment.
 pub fn is_aligned(buf: &[u8], offset: u64) -> bool {
-    (buf.as_ptr() as usize) % ALIGN == 0 && buf.len() % ALIGN == 0 && offset % ALIGN as u64 == 0
+    (buf.as_ptr() as usize).is_multiple_of(ALIGN)
+        && buf.len().is_multiple_of(ALIGN)
+        && offset.is_multiple_of(ALIGN as u64)
 }
 
 #[cfg(test)]

@@ -41,17 +41,17 @@ impl MemDevice {
 
     fn injected(&self, flag: &AtomicBool) -> io::Result<()> {
         if flag.load(Ordering::Relaxed) {
-            return Err(io::Error::new(
-                io::ErrorKind::Other,
-                format!("{}: injected I/O error", self.name),
-            ));
+            return Err(io::Error::other(format!(
+                "{}: injected I/O error",
+                self.name
+            )));
         }
         Ok(())
     }
 }
 
 fn poisoned() -> io::Error {
-    io::Error::new(io::ErrorKind::Other, "memory device lock poisoned")
+    io::Error::other("memory device lock poisoned")
 }
 
 impl BlockDevice for MemDevice {

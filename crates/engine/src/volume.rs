@@ -129,7 +129,7 @@ impl Volume {
     }
 
     fn check(&self, offset: u64, length: u64) -> Result<()> {
-        if offset % SECTOR_SIZE != 0 || length % SECTOR_SIZE != 0 {
+        if !offset.is_multiple_of(SECTOR_SIZE) || !length.is_multiple_of(SECTOR_SIZE) {
             return Err(EngineError::Misaligned { offset, length });
         }
         match offset.checked_add(length) {

@@ -43,7 +43,7 @@ pub enum LayoutError {
 impl Layout {
     /// Lays out a cache of `cache_size` bytes with lines of `line_size` bytes.
     pub fn compute(cache_size: u64, line_size: u64) -> Result<Layout, LayoutError> {
-        if cache_size % SECTOR_SIZE != 0 {
+        if !cache_size.is_multiple_of(SECTOR_SIZE) {
             return Err(LayoutError::Unaligned(cache_size));
         }
         if !line_size.is_power_of_two() || !(MIN_LINE_SIZE..=MAX_LINE_SIZE).contains(&line_size) {
