@@ -103,14 +103,25 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
             source: e,
         })?;
     let (a, b) = buf.split_at(SUPERBLOCK_COPY_SIZE as usize);
-    Superblock::choose(a, b).map_err(|e| {
+    let sb = Superblock::choose(a, b).map_err(|e| {
         EngineError::Format(format!(
             "{}: no valid ssdcache superblock in either copy ({e}); if this is the right device, \
              it is damaged: re-create the cache with `ssdcache create --force` (write-through and \
              write-around caches hold no data the backing device lacks)",
             dev.describe()
         ))
-    })
+    })?;
+    if sb.layout.cache_size > dev.size() {
+        return Err(EngineError::Format(format!(
+            "{} is {} bytes but its superblock describes a cache of {} bytes: the device was \
+             truncated or is not the one that was formatted; restore it, or re-create the cache \
+             with `ssdcache create --force`",
+            dev.describe(),
+            dev.size(),
+            sb.layout.cache_size
+        )));
+    }
+    Ok(sb)
 }
 
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.

@@ -11,6 +11,8 @@ pub const META_OFFSET: u64 = 1 << 20;
 pub const MIN_CACHE_SIZE: u64 = 16 << 20;
 /// The fewest lines a useful cache has.
 pub const MIN_LINE_COUNT: u64 = 64;
+/// Slots are u32 indices in memory (u32::MAX marks "none").
+pub const MAX_LINE_COUNT: u64 = u32::MAX as u64 - 1;
 const MIN_JOURNAL: u64 = 4 << 20;
 const MAX_JOURNAL: u64 = 256 << 20;
 const REGION_ALIGN: u64 = 1 << 20;
@@ -38,6 +40,8 @@ pub enum LayoutError {
          line size are needed; use a bigger cache device or a smaller --line-size"
     )]
     TooSmall { size: u64, min: u64, lines: u64 },
+    #[error("{lines} lines of {line_size} bytes are more than one cache can index; use a larger --line-size")]
+    TooManyLines { lines: u64, line_size: u64 },
 }
 
 impl Layout {
@@ -65,6 +69,9 @@ impl Layout {
             if room >= lines {
                 if lines < MIN_LINE_COUNT {
                     return Err(too_small);
+                }
+                if lines > MAX_LINE_COUNT {
+                    return Err(LayoutError::TooManyLines { lines, line_size });
                 }
                 return Ok(layout);
             }
@@ -116,6 +123,7 @@ impl Layout {
             .checked_mul(self.line_size)
             .and_then(|d| d.checked_add(self.data_offset));
         lines_ok
+            && self.line_count <= MAX_LINE_COUNT
             && self.meta_offset >= 2 * SUPERBLOCK_COPY_SIZE
             && self.meta_len >= self.meta_pages() * SECTOR_SIZE
             && self.journal_offset >= self.meta_offset + self.meta_len
