@@ -42,7 +42,7 @@ pub struct ServeArgs {
     /// Export every volume read-only
     #[arg(long)]
     read_only: bool,
-    /// Worker threads per NBD connection (requests in flight per connection)
+    /// Worker threads per NBD connection (requests in flight per connection) [default: 16]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Where a volume's backing device is now, if not at its recorded path (repeatable)
@@ -79,7 +79,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
     };
     let mut backing = file.backing;
     backing.extend(args.backing);
-    let threads = args.threads.or(file.threads).unwrap_or(8);
+    let threads = args.threads.or(file.threads).unwrap_or(16);
     if !(1..=256).contains(&threads) {
         bail!("--threads {threads} is out of range (1 to 256)");
     }
