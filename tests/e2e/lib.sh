@@ -28,6 +28,7 @@ _MOUNTS=()      # filesystem mount points this test mounted
 _LOOPS=()       # loop devices this test attached
 _FUSES=()       # nbdfuse mount dirs this test set up
 _SERVE_N=0
+declare -A _LOG_OF     # server pid -> its log file
 SERVER_PID=""
 SERVER_LOG=""
 SOCK=""
@@ -122,20 +123,27 @@ create_cache() {
 # start_server SOCK [serve args...]
 # Starts `ssdcache serve --socket SOCK args...` in the background; sets SERVER_PID, SERVER_LOG, SOCK.
 # Waits (bounded) until the socket exists; fails with the daemon log if it exits or times out.
+# With KEEP_STALE_SOCKET=1 a leftover socket file (e.g. after kill -9) is left in place and
+# readiness is "an NBD client can connect" instead.
 start_server() {
     local sock=$1
     shift
     _SERVE_N=$((_SERVE_N + 1))
     SERVER_LOG="$TEST_DIR/serve.$_SERVE_N.log"
-    rm -f "$sock"
+    [[ -n "${KEEP_STALE_SOCKET:-}" ]] || rm -f "$sock"
     log "serve #$_SERVE_N: $SSDCACHE_BIN serve --socket $sock $*"
     "$SSDCACHE_BIN" serve --socket "$sock" "$@" >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     _PIDS+=("$SERVER_PID")
+    _LOG_OF[$SERVER_PID]=$SERVER_LOG
     SOCK=$sock
     local i
     for ((i = 0; i < SERVER_START_TIMEOUT * 10; i++)); do
-        [[ -S "$sock" ]] && return 0
+        if [[ -n "${KEEP_STALE_SOCKET:-}" ]]; then
+            timeout 5 nbdinfo --size "$(nbd_uri "$sock")" >/dev/null 2>&1 && return 0
+        elif [[ -S "$sock" ]]; then
+            return 0
+        fi
         if ! _is_ours_alive "$SERVER_PID"; then
             local rc=0
             wait "$SERVER_PID" || rc=$?
@@ -148,22 +156,35 @@ $(cat "$SERVER_LOG")"
 $(cat "$SERVER_LOG")"
 }
 
-# stop_server [PID]: SIGTERM, bounded wait, the daemon must exit with status 0.
+# stop_server [PID] [SIGNAL]: SIGTERM (or SIGNAL, e.g. INT), bounded wait, the daemon must exit
+# with status 0.
 stop_server() {
-    local pid=${1:-$SERVER_PID} rc=0
+    local pid=${1:-$SERVER_PID} sig=${2:-TERM} rc=0
     [[ -n "$pid" ]] || fail "stop_server: no server pid"
     _is_ours_alive "$pid" || { wait "$pid" || rc=$?; fail "server $pid already dead (status $rc) before SIGTERM; log:
 $(cat "$SERVER_LOG")"; }
-    kill -TERM "$pid"
+    kill -"$sig" "$pid"
     if ! _wait_gone "$pid" "$SERVER_STOP_TIMEOUT"; then
         kill -KILL "$pid" 2>/dev/null || true
-        fail "server $pid did not exit within ${SERVER_STOP_TIMEOUT}s of SIGTERM; log:
+        fail "server $pid did not exit within ${SERVER_STOP_TIMEOUT}s of SIG$sig; log:
 $(cat "$SERVER_LOG")"
     fi
     wait "$pid" || rc=$?
-    [[ $rc -eq 0 ]] || fail "server exited with status $rc after SIGTERM (expected 0); log:
+    [[ $rc -eq 0 ]] || fail "server exited with status $rc after SIG$sig (expected 0); log:
 $(cat "$SERVER_LOG")"
-    log "server $pid stopped cleanly"
+    check_no_panic "$pid"
+    log "server $pid stopped cleanly (SIG$sig)"
+}
+
+# check_no_panic PID: a server must never panic (not even in one connection's thread).
+check_no_panic() {
+    local l=${_LOG_OF[$1]:-}
+    [[ -n "$l" && -e "$l" ]] || return 0
+    if grep -q 'panicked' "$l"; then
+        fail "server $1 panicked; log:
+$(grep -B2 -A8 panicked "$l" | head -n 40)"
+    fi
+    return 0
 }
 
 # kill9_server [PID]: SIGKILL and reap.
@@ -173,6 +194,7 @@ kill9_server() {
     kill -KILL "$pid"
     _wait_gone "$pid" 10 || fail "server $pid survived SIGKILL"
     wait "$pid" 2>/dev/null || true
+    check_no_panic "$pid"
     log "server $pid killed with SIGKILL"
 }
 

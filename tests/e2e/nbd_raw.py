@@ -12,9 +12,14 @@ Cases (each prints what it checked; exit 0 on success, 1 with a message on a fai
   write-huge     write of 33 MiB (payload sent) -> an error, then a valid read works
   other-cmds     trim/write-zeroes/cache past the end or misaligned, an unknown command -> errors
   read-only      on a --read-only export: write/trim/write-zeroes -> EPERM, reads work
+  options        NBD_OPT_LIST, an unknown option (ERR_UNSUP, session continues), NBD_OPT_ABORT,
+                 and the old NBD_OPT_EXPORT_NAME path followed by a read
+  many-conns     64 connections open at once; a write on one is read back on every other one
+  hold           open an idle session, a session stuck in a write payload and one stuck in the
+                 handshake, print "holding", then sleep 120 s (for stop-under-load tests)
   garbage        garbage instead of the client flags / options -> the server closes the connection
   disconnect-mid-write  write header for 1 MiB, half the payload, then hang up
-  all            every case above except 'handshake' and 'read-only'
+  all            every case above except 'handshake', 'read-only' and 'hold'
 Only the simple-reply protocol is used (structured replies are never requested).
 """
 
@@ -33,7 +38,12 @@ STRUCTURED_REPLY_MAGIC = 0x668E33EF
 
 FLAG_FIXED_NEWSTYLE = 1
 FLAG_NO_ZEROES = 2
+OPT_EXPORT_NAME = 1
+OPT_ABORT = 2
+OPT_LIST = 3
 OPT_GO = 7
+REP_SERVER = 2
+REP_ERR_UNSUP = 0x80000001
 REP_ACK = 1
 REP_INFO = 3
 INFO_EXPORT = 0
@@ -256,6 +266,20 @@ def case_other_cmds(path, export):
         if err or data != bytes(65536):
             raise Fail("after a valid %s, the range does not read back zeros (err %d)" % (name, err))
         print("ok: valid %s reads back zeros" % name)
+    err = c.reply(c.request(CMD_CACHE, 0, 1 << 20))[0]
+    if err:
+        raise Fail("valid NBD_CMD_CACHE of 1 MiB failed: %s" % ename(err))
+    print("ok: valid NBD_CMD_CACHE succeeds")
+    # Requests of exactly the advertised maximum (32 MiB) are served, at the very end too.
+    big = os.urandom(1 << 20) * 32
+    for off in (64 * MiB, c.size - 32 * MiB):
+        err = c.write(off, big)[0]
+        if err:
+            raise Fail("32 MiB write at %d failed: %s" % (off, ename(err)))
+        err, data = c.read(off, 32 * MiB)
+        if err or data != big:
+            raise Fail("32 MiB read at %d: error %d or different data" % (off, err))
+    print("ok: 32 MiB (maximum) writes and reads round-trip, including the last 32 MiB")
     check_usable(c, "bad trim/write-zeroes/cache/unknown commands")
     c.close()
 
@@ -274,6 +298,102 @@ def case_read_only(path, export):
         raise Fail("the refused write landed")
     print("ok: read-only export refuses writes with EPERM, reads work")
     c.close()
+
+
+def greet(path):
+    s = connect(path)
+    g = recv_exact(s, 18)
+    if g[:8] != NBDMAGIC:
+        raise Fail("bad greeting")
+    (hflags,) = struct.unpack(">H", g[16:18])
+    s.sendall(struct.pack(">I", FLAG_FIXED_NEWSTYLE | (hflags & FLAG_NO_ZEROES)))
+    return s, hflags
+
+
+def opt_replies(s, opt):
+    """Collects option replies up to and including the final one."""
+    out = []
+    for _ in range(10000):
+        magic, ropt, rtype, rlen = struct.unpack(">QIII", recv_exact(s, 20))
+        if magic != OPT_REPLY_MAGIC or ropt != opt:
+            raise Fail("bad option reply: magic %x opt %d (sent %d)" % (magic, ropt, opt))
+        out.append((rtype, recv_exact(s, rlen)))
+        if rtype != REP_SERVER and rtype != REP_INFO:
+            return out
+    raise Fail("endless option replies")
+
+
+def case_options(path, export):
+    s, hflags = greet(path)
+    # NBD_OPT_LIST: one REP_SERVER per export, then ACK.
+    s.sendall(struct.pack(">QII", IHAVEOPT, OPT_LIST, 0))
+    reps = opt_replies(s, OPT_LIST)
+    if reps[-1][0] != REP_ACK:
+        raise Fail("NBD_OPT_LIST did not end with ACK: %r" % (reps[-1],))
+    names = []
+    for rtype, data in reps[:-1]:
+        (n,) = struct.unpack(">I", data[:4])
+        names.append(data[4:4 + n].decode(errors="replace"))
+    print("ok: NBD_OPT_LIST -> %s" % names)
+    if export and export not in names:
+        raise Fail("export %r not listed: %s" % (export, names))
+    # Unknown option: ERR_UNSUP, and the session goes on.
+    s.sendall(struct.pack(">QII", IHAVEOPT, 0x7777, 3) + b"abc")
+    reps = opt_replies(s, 0x7777)
+    if reps[-1][0] != REP_ERR_UNSUP:
+        raise Fail("unknown option: reply type %x, expected NBD_REP_ERR_UNSUP" % reps[-1][0])
+    print("ok: unknown option -> NBD_REP_ERR_UNSUP")
+    # NBD_OPT_EXPORT_NAME (no reply framing: size, flags, maybe 124 zero bytes), then a read.
+    name = export.encode()
+    s.sendall(struct.pack(">QII", IHAVEOPT, OPT_EXPORT_NAME, len(name)) + name)
+    size, flags = struct.unpack(">QH", recv_exact(s, 10))
+    if not hflags & FLAG_NO_ZEROES:
+        recv_exact(s, 124)
+    c = Conn.__new__(Conn)
+    c.s, c.handle, c.size, c.flags, c.block = s, 0, size, flags, None
+    err, data = c.read(0, 4096)
+    if err:
+        raise Fail("read after NBD_OPT_EXPORT_NAME failed: %s" % ename(err))
+    print("ok: NBD_OPT_EXPORT_NAME -> size %d flags 0x%x, read works" % (size, flags))
+    c.close()
+    # NBD_OPT_ABORT: the server acks (or just closes).
+    s, _ = greet(path)
+    s.sendall(struct.pack(">QII", IHAVEOPT, OPT_ABORT, 0))
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        raise Fail("server did not close the connection after NBD_OPT_ABORT")
+    s.close()
+    print("ok: NBD_OPT_ABORT closes the session")
+
+
+def case_many_conns(path, export):
+    conns = [Conn(path, export) for _ in range(64)]
+    pattern = os.urandom(4096)
+    if conns[0].write(12288, pattern)[0]:
+        raise Fail("write on connection 0 failed")
+    for i, c in enumerate(conns):
+        err, data = c.read(12288, 4096)
+        if err or data != pattern:
+            raise Fail("connection %d of 64: error %d or stale data" % (i, err))
+    for c in conns:
+        c.close()
+    print("ok: 64 simultaneous connections, all see the same data")
+
+
+def case_hold(path, export):
+    import time
+    idle = Conn(path, export)
+    half = Conn(path, export)
+    half.request(CMD_WRITE, 0, MiB)
+    half.s.sendall(b"\x99" * 4096)
+    hs = connect(path)
+    recv_exact(hs, 18)
+    print("holding", flush=True)
+    time.sleep(120)
 
 
 def case_garbage(path, export):
@@ -355,6 +475,9 @@ CASES = {
     "write-huge": case_write_huge,
     "other-cmds": case_other_cmds,
     "read-only": case_read_only,
+    "options": case_options,
+    "many-conns": case_many_conns,
+    "hold": case_hold,
     "garbage": case_garbage,
     "disconnect-mid-write": case_disconnect_mid_write,
 }
@@ -366,7 +489,7 @@ def main():
         return 2
     path, case = sys.argv[1], sys.argv[2]
     export = sys.argv[3] if len(sys.argv) > 3 else ""
-    names = [n for n in CASES if n not in ("handshake", "read-only")] if case == "all" else [case]
+    names = [n for n in CASES if n not in ("handshake", "read-only", "hold")] if case == "all" else [case]
     try:
         for n in names:
             if n not in CASES:

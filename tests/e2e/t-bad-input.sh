@@ -20,7 +20,7 @@ log "raw handshake: $out"
 assert_contains "$out" "size=$((512 * M))" "raw handshake size"
 
 n=0
-for c in read-past-end write-past-end misaligned read-huge write-huge other-cmds garbage disconnect-mid-write; do
+for c in options read-past-end write-past-end misaligned read-huge write-huge other-cmds many-conns garbage disconnect-mid-write; do
     rc=0
     out=$(timeout -k 5 120 python3 "$RAW" "$SOCK" "$c" 2>&1) || rc=$?
     [[ $rc -eq 0 ]] || fail "raw NBD case '$c' (status $rc):
@@ -35,6 +35,34 @@ done
 # anywhere outside what was actually sent: the rest of line 0 region after 512 KiB stays zero.
 qio "$URI" "read -P 0 $((M)) $((3 * M))" "read -P 0 $((4 * M + 64 * 1024)) $((M))" >/dev/null
 log "protocol abuse survived; server alive"
+
+# A second daemon on the same cache is refused (and does not disturb the first).
+expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/second.sock"
+log "second serve on the same cache refused: $(head -c 300 <<<"$out")"
+grep -Eqi 'in use|lock|running|already|busy' <<<"$out" || fail "second serve: unclear message: $out"
+assert_server_alive
+qio "$URI" "read -P $n $((16 * M)) $((64 * 1024))" >/dev/null
+
+# A graceful stop is not held up by clients: an idle session, one stuck in the middle of a write
+# payload, one stuck in the handshake. The server must exit 0 within 20 s.
+python3 "$RAW" "$SOCK" hold >"$TEST_DIR/hold.out" 2>&1 &
+HOLD_PID=$!
+_PIDS+=("$HOLD_PID")
+for ((i = 0; i < 200; i++)); do
+    grep -q holding "$TEST_DIR/hold.out" && break
+    _is_ours_alive "$HOLD_PID" || fail "hold helper died: $(cat "$TEST_DIR/hold.out")"
+    sleep 0.1
+done
+grep -q holding "$TEST_DIR/hold.out" || fail "hold helper did not connect"
+t0=$(date +%s)
+SERVER_STOP_TIMEOUT=20 stop_server
+log "SIGTERM with stuck clients connected: clean exit in $(( $(date +%s) - t0 ))s"
+kill "$HOLD_PID" 2>/dev/null || true
+wait "$HOLD_PID" 2>/dev/null || true
+start_server "$TEST_DIR/nbd.sock" --cache cache.img
+# The half-sent write (0x99 at offset 0) was never completed, so it must not be visible.
+out=$(qio "$URI" "read -v 0 4096" | head -n 1)
+grep -q ' 99 99 99 99 99 99 99 99' <<<"$out" && fail "a write whose payload never fully arrived was applied: $out"
 
 # ---- create refusals ----
 sha_before=$(sha256sum backing.img | cut -d' ' -f1)
@@ -119,6 +147,36 @@ mv disk-d.new disk-d.img
 expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cd.img --socket "$TEST_DIR/nbd-d.sock"
 grep -qi backing <<<"$out" || fail "serve with a replaced backing: message does not mention the backing: $out"
 log "replaced backing refused: $(head -c 300 <<<"$out")"
+# Two caches created for the same backing: only one may serve it at a time.
+mk_sparse disk-e.img 256M
+mk_sparse ce1.img 32M
+mk_sparse ce2.img 32M
+create_cache ce1.img disk-e.img --name vole1
+create_cache ce2.img disk-e.img --name vole2
+start_server "$TEST_DIR/nbd-e1.sock" --cache ce1.img
+expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache ce2.img --socket "$TEST_DIR/nbd-e2.sock"
+grep -Eqi 'in use|lock|running|busy' <<<"$out" || fail "second cache on a backing in use: unclear message: $out"
+log "second cache on a backing already being served refused: $(head -c 300 <<<"$out")"
+assert_server_alive
+stop_server
+
+# A cache file that shrank after create (e.g. truncated / wrong partition) is refused.
+mk_sparse disk-f.img 256M
+mk_sparse cf.img 64M
+create_cache cf.img disk-f.img --name volf
+truncate -s 32M cf.img
+expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cf.img --socket "$TEST_DIR/nbd-f.sock"
+log "shrunken cache refused: $(head -c 300 <<<"$out")"
+grep -Eqi 'size|small|short|truncat|layout|superblock|cache' <<<"$out" || fail "shrunken cache: unclear message: $out"
+
+# A directory as cache is refused by create.
+mkdir -p adir
+expect_fail_stderr "directory as cache" '.' "$SSDCACHE_BIN" create --cache adir --backing disk-f.img
+# An unknown mode is a usage error (exit 2 by the CLI's convention).
+rc=0; out=$("$SSDCACHE_BIN" create --cache cf.img --backing disk-f.img --mode write-back-maybe --force 2>&1) || rc=$?
+[[ $rc -ne 0 ]] || fail "create accepted --mode write-back-maybe"
+log "unknown mode refused (status $rc): $(head -c 200 <<<"$out")"
+
 # Backing gone entirely.
 rm -f disk-d.img
 expect_fail_run out 30 "$SSDCACHE_BIN" serve --cache cd.img --socket "$TEST_DIR/nbd-d.sock"

@@ -37,6 +37,7 @@ $(jq -c '[.jobs[] | {jobname, error, w: .write.io_bytes, r: .read.io_bytes}]' "$
 }
 
 M=$((1024 * 1024))
+DONE=0
 for mode in write-through write-around pass-through; do
     mk_sparse "backing-$mode.img" 512M
     mk_sparse "cache-$mode.img" 128M
@@ -81,5 +82,7 @@ for mode in write-through write-around pass-through; do
     run_fio "$mode.b.v2" "$URI" "${B[@]}" --verify_only
     log "$mode: verify-only after restart ok"
     stop_server
+    DONE=$((DONE + 1))
 done
+assert_eq "$DONE" 3 "modes completed"
 log "ok"

@@ -133,7 +133,9 @@ kill9_server
 # Same file (same inode), new bytes in two cached regions.
 head -c $((M)) /dev/zero | tr '\0' '\343' | dd of=backing.img bs=1M seek=150 conv=notrunc status=none
 head -c $((64 * K)) /dev/zero | tr '\0' '\344' | dd of=backing.img bs=4k seek=$(((300 * M + 12 * K) / 4096)) conv=notrunc status=none
-start_server "$TEST_DIR/nbd.sock" --cache cache.img
+# The socket file left behind by the killed daemon must not stop the restart.
+[[ -S "$TEST_DIR/nbd.sock" ]] && log "stale socket file left by the killed daemon; restarting over it"
+KEEP_STALE_SOCKET=1 start_server "$TEST_DIR/nbd.sock" --cache cache.img
 st=$(stats_json cache.img)
 log "stats right after restart from kill -9: $(jq -c . <<<"$st")"
 assert_eq "$(vol_field "$st" vol0 occupancy_bytes)" 0 "occupancy right after an unclean restart"

@@ -63,6 +63,9 @@ qio "$URI" "read -P 0x3c $((8 * M)) $((M))" "read -P 0x3c $((8 * M)) $((M))" >/d
 s3=$(stats_json cache.img)
 assert_gt "$(( $(vol_field "$s3" vol0 read_hits) - $(vol_field "$s2" vol0 read_hits) ))" 0 "hits reading back written data"
 
+info=$(timeout 30 "$SSDCACHE_BIN" info --cache cache.img --json) || fail "info --json while serving failed: $info"
+jq -e '[.. | objects | select(.name? == "vol0")] | length > 0' >/dev/null <<<"$info" ||
+    fail "info --json while serving lacks vol0: $info"
 txt=$("$SSDCACHE_BIN" stats --cache cache.img) || fail "stats (text) failed: $txt"
 assert_contains "$txt" vol0 "stats (text)"
 stop_server
@@ -80,5 +83,11 @@ start_server "$TEST_DIR/nbd.sock" --cache cache.img
 s4=$(stats_json cache.img)
 log "stats after warm restart: $(jq -c . <<<"$s4")"
 assert_eq "$(vol_field "$s4" vol0 occupancy_bytes)" "$(vol_field "$s3" vol0 occupancy_bytes)" "occupancy after a clean restart"
+# SIGINT is a graceful stop too: exit 0, and the next start is warm.
+stop_server "$SERVER_PID" INT
+start_server "$TEST_DIR/nbd.sock" --cache cache.img
+s5=$(stats_json cache.img)
+assert_eq "$(vol_field "$s5" vol0 occupancy_bytes)" "$(vol_field "$s3" vol0 occupancy_bytes)" "occupancy after SIGINT + restart"
+qio "$URI" "read -P 0x3c $((8 * M)) $((M))" >/dev/null
 stop_server
 log "ok"

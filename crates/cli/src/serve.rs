@@ -103,17 +103,20 @@ fn open_backing(
         .get(&slot.name)
         .cloned()
         .unwrap_or_else(|| PathBuf::from(&slot.backing.path));
-    let dev = open_device(
-        &path,
-        &format!("backing device of volume '{}'", slot.name),
-        true,
-        true,
-    )
-    .with_context(|| {
-        format!(
-            "if the disk moved, point to it with --backing {}=PATH",
-            slot.name
-        )
+    let what = format!("backing device of volume '{}'", slot.name);
+    let dev = open_device(&path, &what, true, true).map_err(|e| {
+        let missing = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+        });
+        if missing {
+            anyhow::anyhow!(
+                "{e:#}; if the disk moved, point to it with --backing {}=PATH",
+                slot.name
+            )
+        } else {
+            e
+        }
     })?;
     let found = identity::probe(&path, dev.size())
         .with_context(|| format!("cannot identify {}", path.display()))?;
