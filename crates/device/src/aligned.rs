@@ -1,4 +1,5 @@
-//! A heap buffer aligned to 4096 bytes, as O_DIRECT requires.
+//! A heap buffer aligned to 4096 bytes, as O_DIRECT requires (`Vec<u8>` does not promise it).
+//! Shared by the engine and the NBD server so every request buffer can go to the device as is.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ops::{Deref, DerefMut};
@@ -18,31 +19,44 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zero-filled buffer of `len` bytes (capacity rounded up to 4096, at least 4096).
-    pub fn zeroed(len: usize) -> AlignedBuf {
-        let capacity = len.div_ceil(ALIGN).max(1) * ALIGN;
-        let layout = Self::layout(capacity);
-        // SAFETY: layout has non-zero size.
-        let raw = unsafe { alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(layout)
-        };
-        AlignedBuf { ptr, len, capacity }
+    /// A zero-filled buffer of `len` bytes (capacity rounded up to whole 4 KiB pages, at least
+    /// one), or `None` when the memory cannot be had: a server turns that into ENOMEM for one
+    /// request instead of aborting.
+    pub fn try_zeroed(len: usize) -> Option<AlignedBuf> {
+        let capacity = len.div_ceil(ALIGN).max(1).checked_mul(ALIGN)?;
+        let layout = Layout::from_size_align(capacity, ALIGN).ok()?;
+        // SAFETY: layout has a non-zero size (capacity >= ALIGN).
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        Some(AlignedBuf { ptr, len, capacity })
     }
 
-    fn layout(capacity: usize) -> Layout {
-        match Layout::from_size_align(capacity, ALIGN) {
-            Ok(l) => l,
-            Err(_) => panic!("buffer of {capacity} bytes exceeds the address space"),
+    /// Like `try_zeroed`, for sizes the program chose itself (metadata pages, one line):
+    /// running out of memory there ends the process as any allocation failure does.
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        match Self::try_zeroed(len) {
+            Some(buf) => buf,
+            None => std::alloc::handle_alloc_error(Layout::new::<[u8; ALIGN]>()),
         }
     }
 
-    /// Sets the length, reallocating (contents not kept) when it exceeds the capacity.
-    pub fn resize_discarding(&mut self, len: usize) {
+    /// Sets the length, replacing the allocation (contents not kept) when it exceeds the
+    /// capacity. False, with the buffer unchanged, when the memory cannot be had.
+    pub fn try_resize_discarding(&mut self, len: usize) -> bool {
         if len > self.capacity {
-            *self = AlignedBuf::zeroed(len);
+            match Self::try_zeroed(len) {
+                Some(bigger) => *self = bigger,
+                None => return false,
+            }
         }
         self.len = len;
+        true
+    }
+
+    /// `try_resize_discarding` for sizes the program chose itself.
+    pub fn resize_discarding(&mut self, len: usize) {
+        if !self.try_resize_discarding(len) {
+            std::alloc::handle_alloc_error(Layout::new::<[u8; ALIGN]>());
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -52,8 +66,14 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: ptr was allocated by alloc_zeroed with this exact layout.
-        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
+        // SAFETY: ptr came from alloc_zeroed with this size and alignment, which were valid
+        // then (so from_size_align_unchecked holds), and is freed only here.
+        unsafe {
+            dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.capacity, ALIGN),
+            )
+        }
     }
 }
 
@@ -84,16 +104,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aligned_and_zeroed() {
+    fn aligned_zeroed_and_growing() {
         let mut b = AlignedBuf::zeroed(10_000);
         assert_eq!(b.as_ptr() as usize % ALIGN, 0);
         assert_eq!(b.len(), 10_000);
+        assert_eq!(b.capacity(), 12_288);
         assert!(b.iter().all(|&x| x == 0));
         b[9_999] = 1;
         b.resize_discarding(5);
         assert_eq!(b.len(), 5);
-        b.resize_discarding(1 << 20);
+        assert!(b.try_resize_discarding(1 << 20));
         assert_eq!(b.len(), 1 << 20);
         assert!(is_aligned(&b, 8192));
+    }
+
+    #[test]
+    fn absurd_sizes_fail_softly() {
+        assert!(AlignedBuf::try_zeroed(usize::MAX).is_none());
+        let mut b = AlignedBuf::zeroed(0);
+        assert!(!b.try_resize_discarding(usize::MAX));
+        assert_eq!(b.len(), 0);
     }
 }

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::aligned::AlignedBuf;
 use crate::handshake::{CloseReason, Handshake, HandshakeOutcome};
 use crate::proto::{
     simple_reply_header, validate_request, Command, Errno, ProtocolError, RequestHeader,
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
 use crate::server::{lock, NbdStream, Registration, ServerExport, Shared};
+use ssdcache_device::AlignedBuf;
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
 /// (and small writes) per syscall.
@@ -274,7 +274,7 @@ impl<S: NbdStream> Connection<'_, S> {
 
     fn worker(&self) -> Result<(), ConnectionError> {
         let _abort_on_panic = AbortOnPanic(self);
-        let mut buf = AlignedBuf::new(0).map_err(|_| self.out_of_memory())?;
+        let mut buf = AlignedBuf::try_zeroed(0).ok_or_else(|| self.out_of_memory())?;
         loop {
             let Some(request) = self.next_request(&mut buf)? else {
                 return Ok(());
@@ -356,7 +356,7 @@ impl<S: NbdStream> Connection<'_, S> {
         buf: &mut AlignedBuf,
     ) -> Result<Result<(), Errno>, ConnectionError> {
         if verdict.is_ok() {
-            match buf.prefix_mut(header.length as usize) {
+            match prefix_mut(buf, header.length as usize) {
                 Ok(destination) => {
                     input
                         .read_exact(destination)
@@ -386,8 +386,8 @@ impl<S: NbdStream> Connection<'_, S> {
         let (offset, length) = (header.offset, u64::from(header.length));
         let fua = header.flags & NBD_CMD_FLAG_FUA != 0;
         match header.command {
-            Command::Read => backend.read(offset, buf.prefix_mut(header.length as usize)?),
-            Command::Write => backend.write(offset, buf.prefix(header.length as usize), fua),
+            Command::Read => backend.read(offset, prefix_mut(buf, header.length as usize)?),
+            Command::Write => backend.write(offset, prefix(buf, header.length as usize), fua),
             Command::Flush => backend.flush(),
             Command::Trim => backend.trim(offset, length, fua),
             Command::WriteZeroes => {
@@ -410,7 +410,7 @@ impl<S: NbdStream> Connection<'_, S> {
     ) -> Result<(), ConnectionError> {
         let reply = simple_reply_header(outcome.err(), header.cookie);
         let data = match (outcome, header.command) {
-            (Ok(()), Command::Read) => buf.prefix(header.length as usize),
+            (Ok(()), Command::Read) => prefix(buf, header.length as usize),
             _ => &[],
         };
         let mut slices = [IoSlice::new(&reply), IoSlice::new(data)];
@@ -475,4 +475,17 @@ fn write_all_vectored(writer: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -
         }
     }
     Ok(())
+}
+
+/// The first `len` bytes of a worker's buffer, growing it if needed (contents are scratch).
+fn prefix_mut(buf: &mut AlignedBuf, len: usize) -> Result<&mut [u8], Errno> {
+    if !buf.try_resize_discarding(len) {
+        return Err(Errno::NoMem);
+    }
+    Ok(&mut buf[..])
+}
+
+/// The first `len` bytes of a worker's buffer, clamped to what it holds.
+fn prefix(buf: &AlignedBuf, len: usize) -> &[u8] {
+    &buf[..len.min(buf.len())]
 }

@@ -31,7 +31,6 @@
 //! connection. [`Server::shutdown`] stops accepting and reading, lets
 //! requests already read finish and be answered, then closes connections.
 
-mod aligned;
 mod connection;
 pub mod handshake;
 pub mod proto;
