@@ -390,36 +390,35 @@ impl Volume {
 
     /// Drops a range from the cache and discards it on the backing device where supported.
     pub fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
-        self.check_writable(offset, length)?;
         self.count(Counter::Trims, 1);
-        if length == 0 {
-            return Ok(());
-        }
-        let (first, last) = self.line_range(offset, length);
-        let _held = self.core.locks.lock_range(self.id, first, last);
-        self.invalidate(offset, length);
-        self.backing
-            .discard(offset, length)
-            .map_err(|e| self.backing_err(e))?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        self.uncache_then(offset, length, fua, |b| {
+            b.discard(offset, length).map(|_| ())
+        })
     }
 
     /// Makes a range read as zeroes.
     pub fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
-        self.check_writable(offset, length)?;
         self.count(Counter::WriteZeroes, 1);
+        self.uncache_then(offset, length, fua, |b| b.write_zeroes(offset, length))
+    }
+
+    /// Invalidates a range in the cache, then applies `on_backing` to the backing device, with
+    /// the range's lines held so no read can refill them in between.
+    fn uncache_then(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        on_backing: impl FnOnce(&dyn BlockDevice) -> std::io::Result<()>,
+    ) -> Result<()> {
+        self.check_writable(offset, length)?;
         if length == 0 {
             return Ok(());
         }
         let (first, last) = self.line_range(offset, length);
         let _held = self.core.locks.lock_range(self.id, first, last);
         self.invalidate(offset, length);
-        self.backing
-            .write_zeroes(offset, length)
-            .map_err(|e| self.backing_err(e))?;
+        on_backing(&*self.backing).map_err(|e| self.backing_err(e))?;
         if fua {
             self.flush()?;
         }

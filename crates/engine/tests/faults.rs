@@ -1,49 +1,18 @@
 //! Cache device failures never cost data or serve garbage in write-through; bad superblocks
 //! and truncated caches are refused with a message.
 
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use common::{format_mem, MIB};
 use ssdcache_device::{BlockDevice, MemDevice};
-use ssdcache_engine::{format, read_superblock, Cache, NewVolume};
-use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
-
-const MIB: u64 = 1 << 20;
-
-fn identity(size: u64) -> BackingIdentity {
-    BackingIdentity {
-        kind: BackingKind::File,
-        size,
-        path: "mem".into(),
-        stable_id: "mem".into(),
-        st_dev: 0,
-        st_ino: 0,
-        st_rdev: 0,
-        btime_ns: 0,
-    }
-}
+use ssdcache_engine::{read_superblock, Cache};
+use ssdcache_format::CacheMode;
 
 fn setup(mode: CacheMode) -> (Arc<MemDevice>, Arc<MemDevice>, Cache) {
-    let cache_dev = Arc::new(MemDevice::new("cache", 16 * MIB));
-    let backing = Arc::new(MemDevice::new("backing", 8 * MIB));
-    format(
-        &*cache_dev,
-        64 << 10,
-        NewVolume {
-            name: "v".into(),
-            mode,
-            backing: identity(8 * MIB),
-        },
-    )
-    .expect("format");
-    let sb = read_superblock(&*cache_dev).expect("sb");
-    let (cache, _) = Cache::open(
-        cache_dev.clone(),
-        sb,
-        vec![backing.clone() as Arc<dyn BlockDevice>],
-    )
-    .expect("open");
-    (cache_dev, backing, cache)
+    common::setup(16 * MIB, 8 * MIB, 64 << 10, mode)
 }
 
 #[test]
@@ -104,16 +73,7 @@ fn requests_outside_or_misaligned_are_refused() {
 #[test]
 fn corrupt_and_truncated_caches_are_refused() {
     let cache_dev = Arc::new(MemDevice::new("cache", 16 * MIB));
-    format(
-        &*cache_dev,
-        64 << 10,
-        NewVolume {
-            name: "v".into(),
-            mode: CacheMode::WriteThrough,
-            backing: identity(8 * MIB),
-        },
-    )
-    .expect("format");
+    format_mem(&cache_dev, 64 << 10, CacheMode::WriteThrough, 8 * MIB);
     // One bad copy is survived.
     cache_dev.write_at(&[0xEE; 4096], 0).expect("corrupt A");
     assert!(read_superblock(&*cache_dev).is_ok());
@@ -124,16 +84,7 @@ fn corrupt_and_truncated_caches_are_refused() {
     assert!(err.contains("superblock"), "{err}");
 
     let big = Arc::new(MemDevice::new("big", 32 * MIB));
-    format(
-        &*big,
-        64 << 10,
-        NewVolume {
-            name: "v".into(),
-            mode: CacheMode::WriteThrough,
-            backing: identity(8 * MIB),
-        },
-    )
-    .expect("format");
+    format_mem(&big, 64 << 10, CacheMode::WriteThrough, 8 * MIB);
     let truncated = MemDevice::new("truncated", 16 * MIB);
     truncated
         .write_at(&big.snapshot()[..(16 * MIB) as usize], 0)

@@ -3,10 +3,13 @@
 
 use std::sync::Arc;
 
+mod common;
+
+use common::setup;
 use proptest::prelude::*;
-use ssdcache_device::{BlockDevice, MemDevice};
-use ssdcache_engine::{format, read_superblock, Cache, NewVolume};
-use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
+use ssdcache_device::MemDevice;
+use ssdcache_engine::Cache;
+use ssdcache_format::CacheMode;
 
 const SECTOR: u64 = 4096;
 const BACKING: u64 = 32 << 20;
@@ -65,19 +68,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn identity() -> BackingIdentity {
-    BackingIdentity {
-        kind: BackingKind::File,
-        size: BACKING,
-        path: "mem".into(),
-        stable_id: "mem".into(),
-        st_dev: 0,
-        st_ino: 0,
-        st_rdev: 0,
-        btime_ns: 0,
-    }
-}
-
 fn pattern(seed: u8, len: usize, offset: u64) -> Vec<u8> {
     (0..len)
         .map(|i| seed.wrapping_add(((offset as usize + i) / 512) as u8))
@@ -85,31 +75,12 @@ fn pattern(seed: u8, len: usize, offset: u64) -> Vec<u8> {
 }
 
 fn open(cache_dev: &Arc<MemDevice>, backing: &Arc<MemDevice>) -> Cache {
-    let sb = read_superblock(&**cache_dev).expect("superblock");
-    let (cache, _) = Cache::open(
-        cache_dev.clone(),
-        sb,
-        vec![backing.clone() as Arc<dyn BlockDevice>],
-    )
-    .expect("open");
-    cache
+    common::open(cache_dev, backing).0
 }
 
 fn run(mode: CacheMode, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let cache_dev = Arc::new(MemDevice::new("cache", CACHE));
-    let backing = Arc::new(MemDevice::new("backing", BACKING));
-    format(
-        &*cache_dev,
-        LINE,
-        NewVolume {
-            name: "v".into(),
-            mode,
-            backing: identity(),
-        },
-    )
-    .expect("format");
+    let (cache_dev, backing, mut cache) = setup(CACHE, BACKING, LINE, mode);
     let mut model = vec![0u8; BACKING as usize];
-    let mut cache = open(&cache_dev, &backing);
     for op in ops {
         let vol = cache.volumes()[0].clone();
         match op {
@@ -191,30 +162,12 @@ proptest! {
 
 #[test]
 fn warm_after_clean_restart_cold_after_crash() {
-    let cache_dev = Arc::new(MemDevice::new("cache", CACHE));
-    let backing = Arc::new(MemDevice::new("backing", BACKING));
-    format(
-        &*cache_dev,
-        LINE,
-        NewVolume {
-            name: "v".into(),
-            mode: CacheMode::WriteThrough,
-            backing: identity(),
-        },
-    )
-    .expect("format");
-    let cache = open(&cache_dev, &backing);
+    let (cache_dev, backing, cache) = setup(CACHE, BACKING, LINE, CacheMode::WriteThrough);
     let mut buf = vec![0u8; 1 << 20];
     cache.volumes()[0].read(0, &mut buf).expect("read");
     cache.shutdown().expect("shutdown");
     drop(cache);
-    let sb = read_superblock(&*cache_dev).expect("sb");
-    let (cache, report) = Cache::open(
-        cache_dev.clone(),
-        sb,
-        vec![backing.clone() as Arc<dyn BlockDevice>],
-    )
-    .expect("open");
+    let (cache, report) = common::open(&cache_dev, &backing);
     assert!(report.warm);
     assert_eq!(report.restored_bytes, 1 << 20);
     let vol = cache.volumes()[0].clone();
@@ -226,9 +179,7 @@ fn warm_after_clean_restart_cold_after_crash() {
         "second read must hit after a clean restart"
     );
     drop((vol, cache));
-    let sb = read_superblock(&*cache_dev).expect("sb");
-    let (cache, report) =
-        Cache::open(cache_dev.clone(), sb, vec![backing as Arc<dyn BlockDevice>]).expect("open");
+    let (cache, report) = common::open(&cache_dev, &backing);
     assert!(!report.warm, "a crash must discard the cache");
     assert_eq!(cache.volumes()[0].stats().bytes_cached, 0);
 }
@@ -236,19 +187,7 @@ fn warm_after_clean_restart_cold_after_crash() {
 /// Threads write and verify interleaved sectors of the same lines: no torn or stale data.
 #[test]
 fn concurrent_requests_on_shared_lines() {
-    let cache_dev = Arc::new(MemDevice::new("cache", CACHE));
-    let backing = Arc::new(MemDevice::new("backing", BACKING));
-    format(
-        &*cache_dev,
-        LINE,
-        NewVolume {
-            name: "v".into(),
-            mode: CacheMode::WriteThrough,
-            backing: identity(),
-        },
-    )
-    .expect("format");
-    let cache = open(&cache_dev, &backing);
+    let (_cache_dev, _backing, cache) = setup(CACHE, BACKING, LINE, CacheMode::WriteThrough);
     let threads = 4u64;
     let handles: Vec<_> = (0..threads)
         .map(|t| {
