@@ -3,6 +3,7 @@
 
 mod aligned;
 mod file;
+pub mod hdd;
 pub mod identity;
 mod memory;
 
