@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use ssdcache_device::hdd::{HddDevice, HddParams};
 use ssdcache_device::{identity, BlockDevice};
 use ssdcache_engine::{Cache, EngineError, Volume};
 use ssdcache_format::{Superblock, VolumeSlot};
@@ -45,6 +46,11 @@ pub struct ServeArgs {
     /// Worker threads per NBD connection (requests in flight per connection) [default: 16]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Put the HDD model (7200 rpm, see `ssdcache hdd-emulator --help`) between the cache and
+    /// each backing device, so a backing file on fast storage behaves like a hard drive: for
+    /// benchmarks and demos
+    #[arg(long)]
+    emulate_hdd: bool,
     /// Where a volume's backing device is now, if not at its recorded path (repeatable)
     #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
     backing: Vec<(String, PathBuf)>,
@@ -67,6 +73,7 @@ struct Settings {
     read_only: bool,
     threads: usize,
     backing: BTreeMap<String, PathBuf>,
+    emulate_hdd: bool,
 }
 
 fn settings(args: ServeArgs) -> Result<Settings> {
@@ -91,6 +98,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         read_only: args.read_only || file.read_only.unwrap_or(false),
         threads,
         backing,
+        emulate_hdd: args.emulate_hdd,
     })
 }
 
@@ -131,6 +139,17 @@ fn open_backing(
         );
     }
     Ok(dev)
+}
+
+fn with_hdd_model(dev: Arc<dyn BlockDevice>, emulate: bool) -> Arc<dyn BlockDevice> {
+    if !emulate {
+        return dev;
+    }
+    tracing::info!(
+        "backing {} is slowed to the speed of a 7200 rpm hard drive (--emulate-hdd)",
+        dev.describe()
+    );
+    Arc::new(HddDevice::new(dev, HddParams::default()))
 }
 
 struct VolumeExport(Arc<Volume>);
@@ -211,6 +230,7 @@ fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
         .volumes
         .iter()
         .map(|v| open_backing(v, &s.backing))
+        .map(|dev| dev.map(|d| with_hdd_model(d, s.emulate_hdd)))
         .collect::<Result<Vec<_>>>()?;
     if !dev.is_direct() {
         tracing::warn!(
@@ -325,7 +345,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 
 /// On SIGTERM or SIGINT, starts a graceful stop; a second signal is logged, not fatal, so
 /// the map is still written.
-fn watch_signals(server: Arc<Server>) -> Result<()> {
+pub fn watch_signals(server: Arc<Server>) -> Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
         .context("cannot install signal handlers")?;
