@@ -149,7 +149,11 @@ fn with_hdd_model(dev: Arc<dyn BlockDevice>, emulate: bool) -> Arc<dyn BlockDevi
         "backing {} is slowed to the speed of a 7200 rpm hard drive (--emulate-hdd)",
         dev.describe()
     );
-    Arc::new(HddDevice::new(dev, HddParams::default()))
+    let full_stroke = HddParams {
+        capacity: dev.size(),
+        ..HddParams::default()
+    };
+    Arc::new(HddDevice::new(dev, full_stroke))
 }
 
 struct VolumeExport(Arc<Volume>);

@@ -305,23 +305,32 @@ pub fn simulate_closed_loop(
 /// in an inner device (a file). Reads and writes wait in the model's queue.
 pub struct HddDevice {
     inner: Arc<dyn BlockDevice>,
-    sched: Mutex<HddScheduler>,
+    state: Mutex<DeviceState>,
     turn: Condvar,
     epoch: Instant,
-    /// Requests the scheduler has started: id → completion time. A waiter finds its own.
-    started: Mutex<Vec<(u64, f64)>>,
+}
+
+struct DeviceState {
+    sched: HddScheduler,
+    /// Requests the scheduler has started, with their completion times; each waiter takes its
+    /// own.
+    started: Vec<(u64, f64)>,
 }
 
 impl HddDevice {
-    /// Wraps `inner`; the model's capacity is the inner device's size.
+    /// Wraps `inner`, which sits at the start of a modelled disk of `p.capacity` bytes
+    /// (raised to the inner device's size if smaller).
     pub fn new(inner: Arc<dyn BlockDevice>, mut p: HddParams) -> HddDevice {
-        p.capacity = inner.size().max(1);
+        p.capacity = p.capacity.max(inner.size()).max(1);
+        let state = DeviceState {
+            sched: HddScheduler::new(p),
+            started: Vec::new(),
+        };
         HddDevice {
             inner,
-            sched: Mutex::new(HddScheduler::new(p)),
+            state: Mutex::new(state),
             turn: Condvar::new(),
             epoch: Instant::now(),
-            started: Mutex::new(Vec::new()),
         }
     }
 
@@ -329,8 +338,8 @@ impl HddDevice {
         self.epoch.elapsed().as_secs_f64()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HddScheduler> {
-        self.sched.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, DeviceState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn sleep_until(&self, t: f64) {
@@ -343,25 +352,17 @@ impl HddDevice {
     /// Waits for the actuator to serve `[offset, offset+len)`, then until it is done.
     fn mechanical(&self, offset: u64, len: u64) {
         let mut s = self.lock();
-        let id = s.submit(offset, len, self.now());
+        let id = s.sched.submit(offset, len, self.now());
         let done = loop {
-            if let Some((started_id, done)) = s.dispatch(self.now()) {
-                let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
-                started.push((started_id, done));
+            if let Some(started) = s.sched.dispatch(self.now()) {
+                s.started.push(started);
                 self.turn.notify_all();
             }
-            let mine = {
-                let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
-                started
-                    .iter()
-                    .position(|&(i, _)| i == id)
-                    .map(|at| started.swap_remove(at).1)
-            };
-            if let Some(done) = mine {
-                break done;
+            if let Some(at) = s.started.iter().position(|&(i, _)| i == id) {
+                break s.started.swap_remove(at).1;
             }
             // Wake at the latest when the actuator frees up, to dispatch the next request.
-            let wait = (s.free_at() - self.now()).clamp(0.0001, 0.05);
+            let wait = (s.sched.free_at() - self.now()).clamp(0.0001, 0.05);
             s = self
                 .turn
                 .wait_timeout(s, Duration::from_secs_f64(wait))
@@ -387,6 +388,7 @@ impl BlockDevice for HddDevice {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let cached = self
             .lock()
+            .sched
             .cache_write(offset, buf.len() as u64, self.now());
         match cached {
             Some(done) => self.sleep_until(done),
@@ -396,7 +398,7 @@ impl BlockDevice for HddDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
-        let done = self.lock().drain(self.now());
+        let done = self.lock().sched.drain(self.now());
         self.sleep_until(done);
         self.inner.flush()
     }
@@ -526,7 +528,13 @@ mod tests {
     #[test]
     fn device_delays_in_real_time_and_keeps_data() -> io::Result<()> {
         let inner = Arc::new(crate::MemDevice::new("disk", 64 << 20));
-        let dev = HddDevice::new(inner, HddParams::default());
+        let dev = HddDevice::new(
+            inner,
+            HddParams {
+                capacity: 64 << 20,
+                ..HddParams::default()
+            },
+        );
         let t = Instant::now();
         dev.write_at(&[5u8; 4096], 40 << 20)?;
         let mut buf = [0u8; 4096];
