@@ -24,6 +24,10 @@ pub struct CreateArgs {
     /// Caching mode of the volume
     #[arg(long, value_enum, default_value = "write-through")]
     mode: ModeArg,
+    /// A sequential stream bypasses the cache once it has moved this much (0 = cache
+    /// everything); keeps backups and scans from evicting the working set
+    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
+    sequential_cutoff: u64,
     /// Volume name, also the NBD export name [default: the backing file's name]
     #[arg(long)]
     name: Option<String>,
@@ -68,6 +72,7 @@ pub fn run(args: CreateArgs) -> Result<()> {
             name: name.clone(),
             mode: args.mode.mode(),
             backing: ident,
+            sequential_cutoff: args.sequential_cutoff,
         },
     )
     .with_context(|| format!("cannot format {}", args.cache.display()))?;

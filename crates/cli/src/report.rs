@@ -179,10 +179,11 @@ fn print_stats(r: &StatsReport) {
             human(c("bytes_to_backing"))
         );
         println!(
-            "  trims {}  write-zeroes {}  flushes {}",
+            "  trims {}  write-zeroes {}  flushes {}  sequential bypass {}",
             c("trims"),
             c("write_zeroes"),
-            c("flushes")
+            c("flushes"),
+            human(c("bytes_bypassed"))
         );
         println!(
             "  occupancy    {:>12}   in {} lines ({:.1}% of the cache)",
@@ -228,6 +229,7 @@ pub struct InfoVolume {
     pub mode: String,
     pub read_only: bool,
     pub policy: String,
+    pub sequential_cutoff: u64,
     pub backing_path: String,
     pub backing_kind: String,
     pub backing_size: u64,
@@ -266,6 +268,7 @@ pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
                 mode: v.mode.to_string(),
                 read_only: v.read_only,
                 policy: "lru".into(),
+                sequential_cutoff: v.sequential_cutoff,
                 backing_path: v.backing.path.clone(),
                 backing_kind: format!("{:?}", v.backing.kind),
                 backing_size: v.backing.size,
@@ -301,12 +304,17 @@ pub fn info(args: InfoArgs) -> Result<()> {
     );
     for v in &r.volumes {
         println!(
-            "volume {}   '{}' mode {}{} policy {}",
+            "volume {}   '{}' mode {}{} policy {} sequential cutoff {}",
             v.id,
             v.name,
             v.mode,
             if v.read_only { " read-only" } else { "" },
-            v.policy
+            v.policy,
+            if v.sequential_cutoff == 0 {
+                "off".to_owned()
+            } else {
+                human(v.sequential_cutoff)
+            }
         );
         println!(
             "  backing   {} ({}, {}, id {})",

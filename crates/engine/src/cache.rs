@@ -48,6 +48,8 @@ pub struct NewVolume {
     pub name: String,
     pub mode: CacheMode,
     pub backing: BackingIdentity,
+    /// A sequential stream bypasses the cache after this many bytes; 0 = never.
+    pub sequential_cutoff: u64,
 }
 
 /// How `open` found the cache.
@@ -146,7 +148,7 @@ pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Resul
             backing: volume.backing,
             policy: 0,
             admission: 0,
-            sequential_cutoff: 0,
+            sequential_cutoff: volume.sequential_cutoff,
             counters: VolumeCounters::default(),
             dirty_lines: 0,
             dirty_bytes: 0,

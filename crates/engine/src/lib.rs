@@ -2,6 +2,7 @@
 //! and pass-through modes, persists its map at clean shutdown and recovers at start.
 //! It reaches devices only through `ssdcache_device::BlockDevice`.
 
+pub mod admission;
 mod cache;
 mod error;
 mod locks;

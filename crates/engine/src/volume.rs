@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::{CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
+use crate::admission::StreamDetector;
 use crate::cache::CacheCore;
 use crate::error::{EngineError, Result};
 
@@ -29,6 +30,7 @@ pub enum Counter {
     Flushes,
     CacheErrors,
     BackingErrors,
+    BytesBypassed,
 }
 
 thread_local! {
@@ -69,6 +71,7 @@ pub struct Volume {
     size: u64,
     backing: Arc<dyn BlockDevice>,
     core: Arc<CacheCore>,
+    streams: StreamDetector,
     counters: [AtomicU64; VolumeCounters::COUNT],
 }
 
@@ -86,6 +89,7 @@ impl Volume {
             size: slot.backing.size,
             backing,
             core,
+            streams: StreamDetector::new(slot.sequential_cutoff),
             counters: slot.counters.0.map(AtomicU64::new),
         }
     }
@@ -229,6 +233,13 @@ impl Volume {
         }
         let (first, last) = self.line_range(offset, length);
         let _held = self.core.locks.lock_range(self.id, first, last);
+        if self.streams.bypass(offset, length) {
+            // The backing device holds every sector in these modes (no dirty data).
+            debug_assert_ne!(self.mode, CacheMode::WriteBack);
+            self.count(Counter::BytesBypassed, length);
+            self.count(Counter::ReadMisses, 1);
+            return self.read_backing(buf, offset);
+        }
         let mut all_hit = true;
         for seg in self.segments(offset, length) {
             let part = &mut buf[seg.buf_at..seg.buf_at + seg.len];
@@ -352,9 +363,13 @@ impl Volume {
         }
         let (first, last) = self.line_range(offset, length);
         let _held = self.core.locks.lock_range(self.id, first, last);
+        let bypass = self.mode != CacheMode::PassThrough && self.streams.bypass(offset, length);
+        if bypass {
+            self.count(Counter::BytesBypassed, length);
+        }
         match self.mode {
-            CacheMode::WriteThrough => self.write_through(offset, data, fua),
-            CacheMode::WriteAround | CacheMode::PassThrough => {
+            CacheMode::WriteThrough if !bypass => self.write_through(offset, data, fua),
+            CacheMode::WriteThrough | CacheMode::WriteAround | CacheMode::PassThrough => {
                 self.invalidate(offset, length);
                 self.write_backing(data, offset, fua)
             }

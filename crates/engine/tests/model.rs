@@ -18,6 +18,13 @@ const LINE: u64 = 64 << 10;
 
 #[derive(Debug, Clone)]
 enum Op {
+    /// Consecutive 64 KiB requests: past the cutoff they bypass the cache.
+    Stream {
+        sector: u64,
+        requests: u64,
+        write: bool,
+        seed: u8,
+    },
     Write {
         sector: u64,
         sectors: u64,
@@ -62,6 +69,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => range().prop_map(|(sector, sectors)| Op::Trim { sector, sectors }),
         1 => range().prop_map(|(sector, sectors)| Op::Zero { sector, sectors }),
         1 => range().prop_map(|(sector, sectors)| Op::Prefetch { sector, sectors }),
+        1 => (0..BACKING / SECTOR - 16 * 40, 1..40u64, any::<bool>(), any::<u8>())
+            .prop_map(|(sector, requests, write, seed)| Op::Stream { sector, requests, write, seed }),
         1 => Just(Op::Flush),
         1 => Just(Op::CleanRestart),
         1 => Just(Op::Crash),
@@ -121,6 +130,30 @@ fn run(mode: CacheMode, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Prefetch { sector, sectors } => vol
                 .prefetch(sector * SECTOR, sectors * SECTOR)
                 .expect("prefetch"),
+            Op::Stream {
+                sector,
+                requests,
+                write,
+                seed,
+            } => {
+                for i in 0..requests {
+                    let off = (sector + 16 * i) * SECTOR;
+                    let range = off as usize..off as usize + 65536;
+                    if write {
+                        let data = pattern(seed, 65536, off);
+                        vol.write(off, &data, false).expect("stream write");
+                        model[range].copy_from_slice(&data);
+                    } else {
+                        let mut buf = vec![0u8; 65536];
+                        vol.read(off, &mut buf).expect("stream read");
+                        prop_assert!(
+                            buf == model[range],
+                            "stream read mismatch at sector {}",
+                            sector + 16 * i
+                        );
+                    }
+                }
+            }
             Op::Flush => vol.flush().expect("flush"),
             Op::CleanRestart => {
                 cache.shutdown().expect("shutdown");

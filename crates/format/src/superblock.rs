@@ -94,7 +94,10 @@ pub struct BackingIdentity {
 pub struct VolumeCounters(pub [u64; VolumeCounters::COUNT]);
 
 impl VolumeCounters {
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 17;
+    /// Counter slots on disk (536..728 of a volume slot); the unused ones are zero, room for
+    /// counters to come without a format change.
+    pub const DISK_SLOTS: usize = 24;
     pub const NAMES: [&'static str; Self::COUNT] = [
         "reads",
         "writes",
@@ -112,6 +115,7 @@ impl VolumeCounters {
         "flushes",
         "cache_errors",
         "backing_errors",
+        "bytes_bypassed",
     ];
 }
 
@@ -320,8 +324,8 @@ fn encode_slot(v: &VolumeSlot, s: &mut [u8]) -> Result<(), SuperblockError> {
     for (i, c) in v.counters.0.iter().enumerate() {
         put_u64(s, 536 + 8 * i, *c);
     }
-    put_u64(s, 664, v.dirty_lines);
-    put_u64(s, 672, v.dirty_bytes);
+    put_u64(s, 728, v.dirty_lines);
+    put_u64(s, 736, v.dirty_bytes);
     Ok(())
 }
 
@@ -377,8 +381,8 @@ fn decode_slot(id: u16, s: &[u8]) -> Result<Option<VolumeSlot>, SuperblockError>
         admission: get_u32(s, 524),
         sequential_cutoff: get_u64(s, 528),
         counters,
-        dirty_lines: get_u64(s, 664),
-        dirty_bytes: get_u64(s, 672),
+        dirty_lines: get_u64(s, 728),
+        dirty_bytes: get_u64(s, 736),
     }))
 }
 
@@ -417,7 +421,7 @@ mod tests {
                 policy: 0,
                 admission: 0,
                 sequential_cutoff: 4 << 20,
-                counters: VolumeCounters([5; 16]),
+                counters: VolumeCounters([5; VolumeCounters::COUNT]),
                 dirty_lines: 0,
                 dirty_bytes: 0,
             }],

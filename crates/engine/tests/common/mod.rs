@@ -23,12 +23,16 @@ pub fn identity(size: u64) -> BackingIdentity {
     }
 }
 
+/// Sequential cutoff of test volumes: small, so the property tests' streams bypass the cache.
+pub const TEST_CUTOFF: u64 = 256 << 10;
+
 /// Formats `cache_dev` for one volume of `backing_size` bytes.
 pub fn format_mem(cache_dev: &MemDevice, line_size: u64, mode: CacheMode, backing_size: u64) {
     let volume = NewVolume {
         name: "v".into(),
         mode,
         backing: identity(backing_size),
+        sequential_cutoff: TEST_CUTOFF,
     };
     format(cache_dev, line_size, volume).expect("format");
 }

@@ -1,0 +1,110 @@
+//! Sequential stream detection. A backup, a scan or a large copy reads or writes each block
+//! once; caching it evicts the data that is reused and costs an SSD write per block. Once a
+//! stream has moved `cutoff` bytes, the rest of it bypasses the cache (bcache's
+//! sequential_cutoff; Open CAS's stream detection). Several streams are tracked at once, so
+//! concurrent copies and out-of-order arrivals from a deep queue are still recognised.
+
+use std::sync::Mutex;
+
+/// Streams tracked per volume; the least recently used one is replaced.
+const STREAMS: usize = 32;
+/// A request starting within this distance, plus a few of its own lengths, of where a stream
+/// is expected continues it (the requests of a deep sequential queue arrive out of order).
+const SLACK: u64 = 1 << 20;
+const SLACK_REQUESTS: u64 = 8;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Stream {
+    /// Where the stream is expected to continue.
+    next: u64,
+    /// Bytes moved so far.
+    run: u64,
+    last_used: u64,
+}
+
+pub struct StreamDetector {
+    cutoff: u64,
+    state: Mutex<(u64, [Stream; STREAMS])>,
+}
+
+impl StreamDetector {
+    /// `cutoff` = 0 turns detection off (everything is cached).
+    pub fn new(cutoff: u64) -> StreamDetector {
+        StreamDetector {
+            cutoff,
+            state: Mutex::new((0, [Stream::default(); STREAMS])),
+        }
+    }
+
+    /// Records a request and says whether it should bypass the cache: true when it continues
+    /// a stream that had already moved `cutoff` bytes.
+    pub fn bypass(&self, offset: u64, len: u64) -> bool {
+        if self.cutoff == 0 {
+            return false;
+        }
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (clock, streams) = &mut *guard;
+        *clock += 1;
+        let now = *clock;
+        let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
+        let continues = |s: &Stream| s.run > 0 && offset.abs_diff(s.next) <= slack;
+        if let Some(s) = streams.iter_mut().find(|s| continues(s)) {
+            let bypass = s.run >= self.cutoff;
+            s.run += len;
+            s.next = s.next.max(offset.saturating_add(len));
+            s.last_used = now;
+            return bypass;
+        }
+        if let Some(oldest) = streams.iter_mut().min_by_key(|s| s.last_used) {
+            *oldest = Stream {
+                next: offset + len,
+                run: len,
+                last_used: now,
+            };
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_streams_bypass_after_the_cutoff_random_requests_never() {
+        let d = StreamDetector::new(4 << 20);
+        let mib = 1u64 << 20;
+        let bypassed: Vec<bool> = (0..8).map(|i| d.bypass(i * mib, mib)).collect();
+        assert_eq!(
+            bypassed,
+            [false, false, false, false, true, true, true, true]
+        );
+        // Random 4 KiB requests far apart never form a stream.
+        let mut x = 12345u64;
+        for _ in 0..1000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            assert!(!d.bypass((x >> 20) % (1 << 40) / 4096 * 4096 + (1 << 41), 4096));
+        }
+    }
+
+    #[test]
+    fn concurrent_and_reordered_streams_are_tracked() {
+        let d = StreamDetector::new(2 << 20);
+        let mib = 1u64 << 20;
+        let (a, b) = (0u64, 100 << 30);
+        for i in 0..4 {
+            d.bypass(a + i * mib, mib);
+            d.bypass(b + i * mib, mib);
+        }
+        // Out of order by one request: still the same stream.
+        assert!(d.bypass(a + 5 * mib, mib));
+        assert!(d.bypass(a + 4 * mib, mib));
+        assert!(d.bypass(b + 4 * mib, mib));
+        assert!(
+            !StreamDetector::new(0).bypass(a + 6 * mib, mib),
+            "cutoff 0 = off"
+        );
+    }
+}
