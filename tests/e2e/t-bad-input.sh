@@ -61,7 +61,8 @@ kill "$HOLD_PID" 2>/dev/null || true
 wait "$HOLD_PID" 2>/dev/null || true
 start_server "$TEST_DIR/nbd.sock" --cache cache.img
 # The half-sent write (0x99 at offset 0) was never completed, so it must not be visible.
-out=$(qio "$URI" "read -v 0 4096" | head -n 1)
+out=$(qio "$URI" "read -v 0 4096")
+out=$(head -n 1 <<<"$out")
 grep -q ' 99 99 99 99 99 99 99 99' <<<"$out" && fail "a write whose payload never fully arrived was applied: $out"
 
 # ---- create refusals ----
