@@ -18,6 +18,7 @@ pub fn default_path(cache_uuid: &[u8; 16]) -> PathBuf {
     crate::runtime_dir().join(format!("{}.ctl", uuid::Uuid::from_bytes(*cache_uuid)))
 }
 
+/// Listens on a Unix socket only its owner may use (mode 0600), replacing a stale one.
 pub fn bind(path: &Path) -> Result<UnixListener> {
     prepare_socket_path(path)?;
     let listener =

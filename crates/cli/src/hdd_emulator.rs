@@ -1,7 +1,6 @@
 //! `ssdcache hdd-emulator`: a file served over NBD at the speed of a hard drive (the model in
 //! `ssdcache_device::hdd`), so benchmarks and demos have a slow disk to cache.
 
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -171,13 +170,7 @@ pub fn run(args: HddEmulatorArgs) -> Result<()> {
         )
         .context("cannot start the NBD server")?,
     );
-    crate::control::prepare_socket_path(&args.socket)?;
-    let listener = UnixListener::bind(&args.socket)
-        .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
-    std::fs::set_permissions(
-        &args.socket,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )?;
+    let listener = crate::control::bind(&args.socket)?;
     tracing::info!(
         "HDD model serving {} ({}) on unix:{}: {} rpm, seek {}+{}x+{}sqrt(x) ms, {}-{} MB/s, queue {}, write cache {}",
         args.file.display(),

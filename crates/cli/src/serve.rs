@@ -1,9 +1,7 @@
 //! The daemon: open and check devices, serve NBD, answer the control socket, stop cleanly.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -218,14 +216,6 @@ fn exports(cache: &Cache, read_only: bool) -> Vec<ServerExport> {
         .collect()
 }
 
-fn bind_nbd_socket(path: &Path) -> Result<UnixListener> {
-    control::prepare_socket_path(path)?;
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
 fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
     let dev = open_device(&s.cache, "cache", true, true)?;
     let sb = ssdcache_engine::read_superblock(&*dev)
@@ -282,7 +272,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         )
         .context("cannot start the NBD server")?,
     );
-    let unix = bind_nbd_socket(&socket)?;
+    let unix = control::bind(&socket)?;
     let tcp = match &s.listen {
         Some(addr) => Some(
             std::net::TcpListener::bind(addr)
