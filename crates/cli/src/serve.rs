@@ -41,7 +41,8 @@ pub struct ServeArgs {
     /// Export every volume read-only
     #[arg(long)]
     read_only: bool,
-    /// Worker threads per NBD connection (requests in flight per connection) [default: 16]
+    /// Worker threads per NBD connection: requests in flight per connection, to the cache and
+    /// to the backing device (a hard drive reorders up to 32) [default: 32]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Put the HDD model (7200 rpm, see `ssdcache hdd-emulator --help`) between the cache and
@@ -84,7 +85,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
     };
     let mut backing = file.backing;
     backing.extend(args.backing);
-    let threads = args.threads.or(file.threads).unwrap_or(16);
+    let threads = args.threads.or(file.threads).unwrap_or(32);
     if !(1..=256).contains(&threads) {
         bail!("--threads {threads} is out of range (1 to 256)");
     }

@@ -233,18 +233,11 @@ impl Volume {
         }
         let (first, last) = self.line_range(offset, length);
         let _held = self.core.locks.lock_range(self.id, first, last);
-        if self.streams.bypass(offset, length) {
-            // The backing device holds every sector in these modes (no dirty data).
-            debug_assert_ne!(self.mode, CacheMode::WriteBack);
+        let bypass = self.streams.bypass(offset, length);
+        if bypass {
             self.count(Counter::BytesBypassed, length);
-            self.count(Counter::ReadMisses, 1);
-            return self.read_backing(buf, offset);
         }
-        let mut all_hit = true;
-        for seg in self.segments(offset, length) {
-            let part = &mut buf[seg.buf_at..seg.buf_at + seg.len];
-            all_hit &= self.read_segment(&seg, part)?;
-        }
+        let all_hit = self.read_locked(offset, buf, !bypass)?;
         self.count(
             if all_hit {
                 Counter::ReadHits
@@ -256,43 +249,92 @@ impl Volume {
         Ok(())
     }
 
-    /// Reads one segment from the cache when all its sectors are there, else from the backing
-    /// device, then fills the cache. Returns whether it hit. Reading a partly cached segment
-    /// from the backing device is right because these modes never hold dirty data.
-    fn read_segment(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
+    /// Reads a range whose lines the caller holds: cached segments from the cache, each run of
+    /// consecutive missing segments with one backing read (a disk streams it), then, with
+    /// `admit`, fills the cache from what was read. Returns whether every segment hit.
+    /// Reading partly cached segments from the backing device is right because these modes
+    /// never hold dirty data.
+    fn read_locked(&self, offset: u64, buf: &mut [u8], admit: bool) -> Result<bool> {
         debug_assert_ne!(
             self.mode,
             CacheMode::WriteBack,
             "write-back needs dirty-aware reads"
         );
-        let found = self.core.map().lookup(self.id, seg.line);
-        if let Some(hit) = found {
-            let all_valid =
-                (seg.first_sector..seg.first_sector + seg.sectors).all(|s| hit.valid.get(s));
-            if all_valid {
-                match self.core.dev.read_at(buf, self.slot_offset(hit.slot, seg)) {
-                    Ok(()) => {
-                        self.count(Counter::BytesFromCache, seg.len as u64);
-                        return Ok(true);
-                    }
-                    Err(e) => {
-                        self.cache_failed(e);
-                        self.core
-                            .map()
-                            .set_valid(hit.slot, seg.first_sector, seg.sectors, false);
-                    }
+        let mut all_hit = true;
+        let mut run: Option<(Segment, Segment)> = None;
+        for seg in self.segments(offset, buf.len() as u64) {
+            if self.read_hit(&seg, &mut buf[seg.buf_at..seg.buf_at + seg.len]) {
+                if let Some(missed) = run.take() {
+                    self.read_missing(missed, buf, admit)?;
                 }
+                continue;
+            }
+            all_hit = false;
+            run = Some(match run {
+                Some((first, _)) => (first, seg),
+                None => (seg, seg),
+            });
+        }
+        if let Some(missed) = run {
+            self.read_missing(missed, buf, admit)?;
+        }
+        Ok(all_hit)
+    }
+
+    /// Serves a segment from the cache if every sector of it is there. A cache read error
+    /// drops the line and reports a miss, so the backing device serves it.
+    fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> bool {
+        let Some(hit) = self.core.map().lookup(self.id, seg.line) else {
+            return false;
+        };
+        if !(seg.first_sector..seg.first_sector + seg.sectors).all(|s| hit.valid.get(s)) {
+            return false;
+        }
+        match self.core.dev.read_at(buf, self.slot_offset(hit.slot, seg)) {
+            Ok(()) => {
+                self.count(Counter::BytesFromCache, seg.len as u64);
+                true
+            }
+            Err(e) => {
+                self.cache_failed(e);
+                self.core
+                    .map()
+                    .set_valid(hit.slot, seg.first_sector, seg.sectors, false);
+                false
             }
         }
-        let whole = self.whole_line(seg.line);
-        if whole.len == seg.len {
-            self.read_backing(buf, seg.offset)?;
-            self.fill(seg, buf);
-            return Ok(false);
+    }
+
+    /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
+    /// segments say) from the backing device and, with `admit`, caches them.
+    fn read_missing(
+        &self,
+        (first, last): (Segment, Segment),
+        buf: &mut [u8],
+        admit: bool,
+    ) -> Result<()> {
+        if admit && first.line == last.line && first.len < self.whole_line(first.line).len {
+            return self.read_missing_partial_line(
+                &first,
+                &mut buf[first.buf_at..first.buf_at + first.len],
+            );
         }
-        // A partial-line miss reads and caches the whole line: one larger read costs a disk
-        // little more than a small one, and it keeps lines full so the cache's capacity is
-        // used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
+        let (start, end) = (first.buf_at, last.buf_at + last.len);
+        self.read_backing(&mut buf[start..end], first.offset)?;
+        if admit {
+            for seg in self.segments(first.offset, (end - start) as u64) {
+                let at = start + seg.buf_at;
+                self.fill(&seg, &buf[at..at + seg.len]);
+            }
+        }
+        Ok(())
+    }
+
+    /// A miss on part of one line reads and caches the whole line: one larger read costs a
+    /// disk little more than a small one, and it keeps lines full so the cache's capacity is
+    /// used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
+    fn read_missing_partial_line(&self, seg: &Segment, buf: &mut [u8]) -> Result<()> {
+        let whole = self.whole_line(seg.line);
         LINE_SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             scratch.resize_discarding(whole.len);
@@ -300,7 +342,7 @@ impl Volume {
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
             self.fill(&whole, &scratch);
-            Ok(false)
+            Ok(())
         })
     }
 
@@ -453,10 +495,7 @@ impl Volume {
             let n = (offset + length - pos).min(CHUNK);
             let (first, last) = self.line_range(pos, n);
             let _held = self.core.locks.lock_range(self.id, first, last);
-            for seg in self.segments(pos, n) {
-                let part = &mut buf[seg.buf_at..seg.buf_at + seg.len];
-                self.read_segment(&seg, part)?;
-            }
+            self.read_locked(pos, &mut buf[..n as usize], true)?;
             pos += n;
         }
         Ok(())
