@@ -11,13 +11,13 @@ const STREAMS: usize = 32;
 /// A request starting within this distance, plus a few of its own lengths, of where a stream
 /// is expected continues it (the requests of a deep sequential queue arrive out of order).
 const SLACK: u64 = 1 << 20;
-const SLACK_REQUESTS: u64 = 8;
+const SLACK_REQUESTS: u64 = 2;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Stream {
     /// Where the stream is expected to continue.
     next: u64,
-    /// Bytes moved so far.
+    /// Bytes moved in exact continuation.
     run: u64,
     last_used: u64,
 }
@@ -50,7 +50,15 @@ impl StreamDetector {
         let continues = |s: &Stream| s.run > 0 && offset.abs_diff(s.next) <= slack;
         if let Some(s) = streams.iter_mut().find(|s| continues(s)) {
             let bypass = s.run >= self.cutoff;
-            s.run += len;
+            // Only an exact continuation is evidence of a stream. A request that merely lands
+            // nearby (out of order, or random I/O in a small region) halves the evidence: a
+            // real stream with an occasional reordering still reaches the cutoff, random
+            // requests that now and then continue one another do not.
+            if offset == s.next {
+                s.run += len;
+            } else {
+                s.run /= 2;
+            }
             s.next = s.next.max(offset.saturating_add(len));
             s.last_used = now;
             return bypass;
@@ -87,6 +95,25 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             assert!(!d.bypass((x >> 20) % (1 << 40) / 4096 * 4096 + (1 << 41), 4096));
         }
+    }
+
+    #[test]
+    fn random_large_requests_in_a_small_region_are_not_a_stream() {
+        let d = StreamDetector::new(4 << 20);
+        let mib = 1u64 << 20;
+        let mut x = 99u64;
+        let bypassed = (0..2000)
+            .filter(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                d.bypass((x >> 33) % 256 * mib, mib)
+            })
+            .count();
+        assert!(
+            bypassed < 20,
+            "{bypassed} of 2000 random 1 MiB reads in 256 MiB were taken for a stream"
+        );
     }
 
     #[test]

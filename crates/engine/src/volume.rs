@@ -234,8 +234,12 @@ impl Volume {
         let (first, last) = self.line_range(offset, length);
         let _held = self.core.locks.lock_range(self.id, first, last);
         let bypass = self.streams.bypass(offset, length);
-        if bypass {
+        if bypass && !self.all_cached(offset, length) {
+            // A stream reads on from the backing device in one piece: serving the cached parts
+            // from the cache would break the disk's streaming into seeks.
             self.count(Counter::BytesBypassed, length);
+            self.count(Counter::ReadMisses, 1);
+            return self.read_backing(buf, offset);
         }
         let all_hit = self.read_locked(offset, buf, !bypass)?;
         self.count(
@@ -247,6 +251,16 @@ impl Volume {
             1,
         );
         Ok(())
+    }
+
+    /// True when every sector of the range is in the cache.
+    fn all_cached(&self, offset: u64, length: u64) -> bool {
+        let mut map = self.core.map();
+        self.segments(offset, length).all(|seg| {
+            map.lookup(self.id, seg.line).is_some_and(|hit| {
+                (seg.first_sector..seg.first_sector + seg.sectors).all(|s| hit.valid.get(s))
+            })
+        })
     }
 
     /// Reads a range whose lines the caller holds: cached segments from the cache, each run of
