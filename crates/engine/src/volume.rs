@@ -9,6 +9,7 @@ use ssdcache_format::{CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 use crate::admission::StreamDetector;
 use crate::cache::CacheCore;
 use crate::error::{EngineError, Result};
+use crate::map::MapState;
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]
@@ -256,11 +257,16 @@ impl Volume {
     /// True when every sector of the range is in the cache.
     fn all_cached(&self, offset: u64, length: u64) -> bool {
         let mut map = self.core.map();
-        self.segments(offset, length).all(|seg| {
-            map.lookup(self.id, seg.line).is_some_and(|hit| {
-                (seg.first_sector..seg.first_sector + seg.sectors).all(|s| hit.valid.get(s))
-            })
-        })
+        self.segments(offset, length)
+            .all(|seg| Self::cached_slot(&mut map, self.id, &seg).is_some())
+    }
+
+    /// The slot holding every sector of a segment, if one does.
+    fn cached_slot(map: &mut MapState, volume: u16, seg: &Segment) -> Option<u32> {
+        let hit = map.lookup(volume, seg.line)?;
+        (seg.first_sector..seg.first_sector + seg.sectors)
+            .all(|s| hit.valid.get(s))
+            .then_some(hit.slot)
     }
 
     /// Reads a range whose lines the caller holds: cached segments from the cache, each run of
@@ -298,13 +304,10 @@ impl Volume {
     /// Serves a segment from the cache if every sector of it is there. A cache read error
     /// drops the line and reports a miss, so the backing device serves it.
     fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> bool {
-        let Some(hit) = self.core.map().lookup(self.id, seg.line) else {
+        let Some(slot) = Self::cached_slot(&mut self.core.map(), self.id, seg) else {
             return false;
         };
-        if !(seg.first_sector..seg.first_sector + seg.sectors).all(|s| hit.valid.get(s)) {
-            return false;
-        }
-        match self.core.dev.read_at(buf, self.slot_offset(hit.slot, seg)) {
+        match self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
             Ok(()) => {
                 self.count(Counter::BytesFromCache, seg.len as u64);
                 true
@@ -313,7 +316,7 @@ impl Volume {
                 self.cache_failed(e);
                 self.core
                     .map()
-                    .set_valid(hit.slot, seg.first_sector, seg.sectors, false);
+                    .set_valid(slot, seg.first_sector, seg.sectors, false);
                 false
             }
         }
