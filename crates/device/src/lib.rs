@@ -2,14 +2,18 @@
 //! fault-injecting or crash-simulating devices where real files and disks would be.
 
 mod aligned;
+mod crash;
 mod file;
 pub mod hdd;
 pub mod identity;
 mod memory;
+mod recording;
 
 pub use aligned::AlignedBuf;
+pub use crash::CrashDevice;
 pub use file::{FileDevice, OpenOptions};
 pub use memory::MemDevice;
+pub use recording::{Op, RecordingDevice};
 
 use std::io;
 

@@ -1,8 +1,9 @@
 //! A cache device with its volumes: open (load the checkpoint or start cold), serve through
 //! [`Volume`]s, and shut down (write the checkpoint, mark clean).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::layout::SUPERBLOCK_COPY_SIZE;
@@ -12,6 +13,7 @@ use ssdcache_format::{
 };
 
 use crate::error::{EngineError, Result};
+use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
 use crate::map::MapState;
 use crate::policy;
@@ -26,6 +28,18 @@ pub(crate) struct CacheCore {
     pub layout: Layout,
     pub map: Mutex<MapState>,
     pub locks: LineLocks,
+    pub sb: Mutex<Superblock>,
+    /// The journal's write position; held for a whole commit, so commits run one at a time.
+    pub journal: Mutex<JournalPosition>,
+    /// Backing devices by volume index, with a flag set by every write not yet flushed.
+    pub backings: Vec<Arc<dyn BlockDevice>>,
+    pub backing_unflushed: Vec<AtomicBool>,
+    /// Set when a commit failed: the durability of dirty data is unknown from then on.
+    pub commit_failed: AtomicBool,
+    /// The cache's clock: dirty ages and idle detection count from here.
+    pub clock: Instant,
+    /// When a client request last went to a backing device (nanoseconds on `clock`).
+    pub last_client_backing_io: AtomicU64,
 }
 
 impl CacheCore {
@@ -41,6 +55,99 @@ impl CacheCore {
             source,
         }
     }
+
+    fn sb(&self) -> MutexGuard<'_, Superblock> {
+        self.sb.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seconds since the cache opened, for dirty ages.
+    pub fn now_secs(&self) -> u32 {
+        self.clock.elapsed().as_secs().min(u64::from(u32::MAX)) as u32
+    }
+
+    pub fn note_client_backing_io(&self) {
+        let nanos = self.clock.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.last_client_backing_io.store(nanos, Ordering::Relaxed);
+    }
+
+    /// How long ago a client request last used a backing device.
+    pub fn backing_idle_for(&self) -> Duration {
+        let last = Duration::from_nanos(self.last_client_backing_io.load(Ordering::Relaxed));
+        self.clock.elapsed().saturating_sub(last)
+    }
+
+    /// Flushes every backing device written since its last flush.
+    pub fn flush_backings(&self) -> Result<()> {
+        for (backing, unflushed) in self.backings.iter().zip(&self.backing_unflushed) {
+            if unflushed.swap(false, Ordering::AcqRel) {
+                if let Err(e) = backing.flush() {
+                    unflushed.store(true, Ordering::Release);
+                    return Err(EngineError::Backing {
+                        device: backing.describe(),
+                        source: e,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every completed write durable: backing devices flushed, cache data flushed, then
+    /// the changed line records written to the journal and flushed (docs/design.md,
+    /// "Write-back commit protocol"). When the journal is nearly full the commit is a
+    /// compaction: every dirty record is written afresh and the superblock moves the start.
+    pub fn commit(&self) -> Result<()> {
+        let mut pos = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let (records, compaction) = {
+            let mut map = self.map();
+            let need = journal::blocks_for(map.changes_pending(), &self.layout);
+            if pos.has_room(need, &self.layout) {
+                (map.take_changes(), false)
+            } else {
+                (map.take_all_dirty(), true)
+            }
+        };
+        let result = self.write_records(&mut pos, &records, compaction);
+        match &result {
+            Ok(()) => self.map().commit_done(&records, compaction),
+            Err(e) => {
+                self.map().requeue(&records);
+                if matches!(e, EngineError::CacheDevice { .. }) {
+                    self.commit_failed.store(true, Ordering::Release);
+                }
+            }
+        }
+        result
+    }
+
+    fn write_records(
+        &self,
+        pos: &mut JournalPosition,
+        records: &[(u32, LineRecord)],
+        compaction: bool,
+    ) -> Result<()> {
+        self.flush_backings()?;
+        // Data before the records that name it.
+        self.dev.flush().map_err(|e| self.cache_err(e))?;
+        let mut next = *pos;
+        if compaction {
+            next.start_block = next.block_after_live(&self.layout);
+            next.start_seq = next.next_seq;
+        }
+        if journal::write_commit(&*self.dev, &self.layout, &mut next, records)? > 0 {
+            self.dev.flush().map_err(|e| self.cache_err(e))?;
+        }
+        if compaction {
+            let mut sb = self.sb();
+            sb.journal_start_seq = next.start_seq;
+            sb.journal_start_block = next.start_block;
+            sb.sequence += 1;
+            sb.updated_unix = now_unix();
+            write_superblock(&*self.dev, &sb)?;
+        }
+        *pos = next;
+        Ok(())
+    }
 }
 
 /// A new volume to record at create.
@@ -53,19 +160,31 @@ pub struct NewVolume {
 }
 
 /// How `open` found the cache.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct OpenReport {
     pub warm: bool,
     pub restored_lines: u64,
     pub restored_bytes: u64,
     /// Why the cache starts cold, when it does.
     pub cold_reason: Option<String>,
+    /// After an unclean stop: the journal replay.
+    pub recovery: Option<RecoveryReport>,
+}
+
+/// What replaying the journal after an unclean stop found.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    pub dirty_lines: u64,
+    pub dirty_bytes: u64,
+    pub commits: u64,
+    pub journal_blocks: u64,
+    pub millis: u64,
 }
 
 pub struct Cache {
     core: Arc<CacheCore>,
-    sb: Mutex<Superblock>,
     volumes: Vec<Arc<Volume>>,
+    pub(crate) cleaner: crate::cleaner::CleanerState,
 }
 
 fn now_unix() -> u64 {
@@ -129,16 +248,21 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.
 pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Result<Superblock> {
     let layout = Layout::compute(dev.size(), line_size).map_err(format_err)?;
+    let cache_uuid = *uuid::Uuid::new_v4().as_bytes();
     let sb = Superblock {
         version: FORMAT_VERSION,
         sequence: 1,
-        cache_uuid: *uuid::Uuid::new_v4().as_bytes(),
+        cache_uuid,
         layout,
         state: CacheState::Clean,
         checkpoint_seq: 0,
         created_unix: now_unix(),
         updated_unix: now_unix(),
         unclean_starts: 0,
+        // Random, so journal blocks left by an earlier format of the same device never match.
+        journal_generation: u64::from_le_bytes(cache_uuid[..8].try_into().unwrap_or([1; 8])),
+        journal_start_seq: 1,
+        journal_start_block: 0,
         volumes: vec![VolumeSlot {
             id: 0,
             uuid: *uuid::Uuid::new_v4().as_bytes(),
@@ -158,11 +282,97 @@ pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Resul
     Ok(sb)
 }
 
+fn new_map(sb: &Superblock) -> Result<MapState> {
+    let layout = sb.layout;
+    let policy_id = sb.volumes.first().map_or(0, |v| v.policy);
+    let policy = policy::by_id(policy_id, layout.line_count as u32)
+        .ok_or_else(|| format_err(format!("unknown replacement policy id {policy_id}")))?;
+    Ok(MapState::new(
+        layout.line_count as u32,
+        layout.sectors_per_line() as usize,
+        policy,
+    ))
+}
+
+fn start_position(sb: &Superblock) -> JournalPosition {
+    JournalPosition {
+        generation: sb.journal_generation,
+        start_seq: sb.journal_start_seq,
+        start_block: sb.journal_start_block % sb.layout.journal_blocks().max(1),
+        next_seq: sb.journal_start_seq,
+    }
+}
+
+/// Loads what the cache durably holds into `map`: after a clean stop the checkpoint (every
+/// line); after an unclean one the journal's dirty lines (clean ones are dropped: their data
+/// may have been overwritten by writes the metadata never recorded). Returns the report and
+/// the end of the live journal.
+fn load_state(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    map: &mut MapState,
+) -> Result<(OpenReport, JournalPosition)> {
+    let start = start_position(sb);
+    match (sb.state, sb.checkpoint_seq) {
+        (CacheState::Running, _) => {
+            let began = Instant::now();
+            let replayed = journal::replay(dev, &sb.layout, start)?;
+            apply_journal(sb, map, &replayed.records);
+            let (lines, bytes) = dirty_totals(sb, map);
+            let recovery = RecoveryReport {
+                dirty_lines: lines,
+                dirty_bytes: bytes,
+                commits: replayed.commits,
+                journal_blocks: replayed.blocks,
+                millis: began.elapsed().as_millis() as u64,
+            };
+            let report = OpenReport {
+                warm: lines > 0,
+                restored_lines: lines,
+                restored_bytes: bytes,
+                cold_reason: Some(
+                    "the daemon did not stop cleanly (crash or kill -9): clean cached data is \
+                     discarded, dirty data was recovered from the journal"
+                        .into(),
+                ),
+                recovery: Some(recovery),
+            };
+            Ok((report, replayed.end))
+        }
+        (CacheState::Clean, 0) => Ok((cold("the cache is new"), start)),
+        (CacheState::Clean, seq) => Ok((load_checkpoint(dev, sb, seq, map)?, start)),
+    }
+}
+
+/// Applies replayed records in journal order; the last record of a slot wins, and a line
+/// recorded in a newer slot leaves its older one.
+fn apply_journal(sb: &Superblock, map: &mut MapState, records: &[(u32, LineRecord)]) {
+    let mut last = std::collections::HashMap::new();
+    for (i, (slot, _)) in records.iter().enumerate() {
+        last.insert(*slot, i);
+    }
+    for (i, (slot, rec)) in records.iter().enumerate() {
+        if last.get(slot) != Some(&i) || rec.dirty.is_empty() || !record_fits(sb, rec) {
+            continue;
+        }
+        map.forget_line(rec.volume, rec.backing_line);
+        map.restore(*slot, rec);
+    }
+    map.rebuild_free_list();
+}
+
+fn dirty_totals(sb: &Superblock, map: &MapState) -> (u64, u64) {
+    sb.volumes.iter().fold((0, 0), |(l, b), v| {
+        let o = map.occupancy(v.id);
+        (l + o.dirty_lines, b + o.dirty_sectors * SECTOR_SIZE)
+    })
+}
+
 impl Cache {
     /// Opens a cache whose superblock is `sb`, with `backings[i]` the device of
     /// `sb.volumes[i]` (identity already checked by the caller). Loads the checkpoint after a
-    /// clean stop; after an unclean one starts cold (see docs/design.md, "warm restart").
-    /// Marks the cache running before returning.
+    /// clean stop, replays the journal after an unclean one, then starts a new journal
+    /// generation holding every dirty line and marks the cache running.
     pub fn open(
         dev: Arc<dyn BlockDevice>,
         mut sb: Superblock,
@@ -172,53 +382,76 @@ impl Cache {
             return Err(format_err("one backing device per volume is needed"));
         }
         let layout = sb.layout;
-        let policy_id = sb.volumes.first().map_or(0, |v| v.policy);
-        let new_map = || -> Result<MapState> {
-            let policy = policy::by_id(policy_id, layout.line_count as u32)
-                .ok_or_else(|| format_err(format!("unknown replacement policy id {policy_id}")))?;
-            Ok(MapState::new(
-                layout.line_count as u32,
-                layout.sectors_per_line() as usize,
-                policy,
-            ))
-        };
-        let mut map = new_map()?;
-        let report = match (sb.state, sb.checkpoint_seq) {
-            (CacheState::Running, _) => {
-                sb.unclean_starts += 1;
-                cold("the daemon did not stop cleanly (crash or kill -9): cached data is discarded, the backing device holds all data")
+        let mut map = new_map(&sb)?;
+        let (report, end) = match load_state(&*dev, &sb, &mut map) {
+            Ok(loaded) => loaded,
+            Err(e) if !matches!(e, EngineError::CacheDevice { .. }) && !has_dirty_modes(&sb) => {
+                tracing::warn!("cache metadata unreadable, starting cold: {e}");
+                map = new_map(&sb)?;
+                (
+                    cold(&format!("the cache metadata could not be read ({e})")),
+                    start_position(&sb),
+                )
             }
-            (CacheState::Clean, 0) => cold("the cache is new"),
-            (CacheState::Clean, seq) => match load_checkpoint(&*dev, &sb, seq, &mut map) {
-                Ok(report) => report,
-                Err(e) => {
-                    tracing::warn!("checkpoint unreadable, starting cold: {e}");
-                    map = new_map()?;
-                    cold(&format!("the checkpoint could not be read ({e})"))
-                }
-            },
+            Err(e) => return Err(e),
         };
+        if sb.state == CacheState::Running {
+            sb.unclean_starts += 1;
+        }
+        // A fresh generation past the live blocks: a crash before the superblock below lands
+        // leaves the old journal (or checkpoint) intact and authoritative.
+        let mut pos = JournalPosition {
+            generation: sb.journal_generation.wrapping_add(1),
+            start_seq: end.next_seq,
+            start_block: end.block_after_live(&layout),
+            next_seq: end.next_seq,
+        };
+        let records = map.take_all_dirty();
+        dev.flush().map_err(|e| EngineError::CacheDevice {
+            device: dev.describe(),
+            source: e,
+        })?;
+        if journal::write_commit(&*dev, &layout, &mut pos, &records)? > 0 {
+            dev.flush().map_err(|e| EngineError::CacheDevice {
+                device: dev.describe(),
+                source: e,
+            })?;
+        }
+        map.commit_done(&records, true);
+        sb.journal_generation = pos.generation;
+        sb.journal_start_seq = pos.start_seq;
+        sb.journal_start_block = pos.start_block;
         sb.state = CacheState::Running;
         sb.sequence += 1;
         sb.updated_unix = now_unix();
         write_superblock(&*dev, &sb)?;
+        let slots = sb.volumes.clone();
         let core = Arc::new(CacheCore {
             dev,
             layout,
             map: Mutex::new(map),
             locks: LineLocks::new(),
+            sb: Mutex::new(sb),
+            journal: Mutex::new(pos),
+            backing_unflushed: backings.iter().map(|_| AtomicBool::new(false)).collect(),
+            backings: backings.clone(),
+            commit_failed: AtomicBool::new(false),
+            clock: Instant::now(),
+            last_client_backing_io: AtomicU64::new(0),
         });
-        let volumes = sb
-            .volumes
+        let volumes = slots
             .iter()
             .zip(backings)
-            .map(|(slot, backing)| Arc::new(Volume::new(slot, backing, core.clone())))
+            .enumerate()
+            .map(|(index, (slot, backing))| {
+                Arc::new(Volume::new(slot, index, backing, core.clone()))
+            })
             .collect();
         Ok((
             Cache {
                 core,
-                sb: Mutex::new(sb),
                 volumes,
+                cleaner: Default::default(),
             },
             report,
         ))
@@ -232,42 +465,83 @@ impl Cache {
         self.core.layout
     }
 
-    fn sb(&self) -> MutexGuard<'_, Superblock> {
-        self.sb.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn core(&self) -> &Arc<CacheCore> {
+        &self.core
     }
 
-    /// The superblock with live counters folded in.
+    /// The superblock with live counters, modes and dirty totals folded in.
     pub fn superblock(&self) -> Superblock {
-        let mut sb = self.sb().clone();
-        for (slot, vol) in sb.volumes.iter_mut().zip(&self.volumes) {
-            slot.counters = vol.counters();
-        }
+        let mut sb = self.core.sb().clone();
+        self.fold_volumes(&mut sb);
         sb
     }
 
-    /// Writes the checkpoint of every line and marks the cache cleanly stopped. Call after the
-    /// last request finished; requests after this are not in the checkpoint.
-    pub fn shutdown(&self) -> Result<()> {
-        let mut sb = self.sb();
-        let seq = sb.sequence + 1;
-        write_checkpoint(&self.core, seq)?;
+    fn fold_volumes(&self, sb: &mut Superblock) {
+        let map = self.core.map();
         for (slot, vol) in sb.volumes.iter_mut().zip(&self.volumes) {
             slot.counters = vol.counters();
+            slot.mode = vol.configured_mode();
+            let o = map.occupancy(slot.id);
+            slot.dirty_lines = o.dirty_lines;
+            slot.dirty_bytes = o.dirty_sectors * SECTOR_SIZE;
         }
+    }
+
+    /// Makes every completed write of every volume durable.
+    pub fn commit(&self) -> Result<()> {
+        self.core.commit()
+    }
+
+    /// Dirty lines in the whole cache.
+    pub fn dirty_lines(&self) -> u64 {
+        self.core.map().total_dirty_lines()
+    }
+
+    /// Writes the checkpoint of every line (dirty ones included) and marks the cache cleanly
+    /// stopped. Call after the last request finished and the cleaner stopped.
+    pub fn shutdown(&self) -> Result<()> {
+        self.close(false)
+    }
+
+    /// Like `shutdown`, but the cache is left empty (the next start is cold): for detach,
+    /// after everything was written back. Refuses while dirty data remains.
+    pub fn shutdown_discarding(&self) -> Result<()> {
+        if self.dirty_lines() > 0 {
+            return Err(format_err(format!(
+                "{} dirty lines are still in the cache; write them back first (ssdcache flush)",
+                self.dirty_lines()
+            )));
+        }
+        self.close(true)
+    }
+
+    fn close(&self, discard: bool) -> Result<()> {
+        let _pos = self.core.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sb = self.core.sb().clone();
+        let seq = sb.sequence + 1;
+        if !discard {
+            self.core.flush_backings()?;
+            write_checkpoint(&self.core, seq)?;
+        }
+        self.fold_volumes(&mut sb);
         sb.state = CacheState::Clean;
-        sb.checkpoint_seq = seq;
+        sb.checkpoint_seq = if discard { 0 } else { seq };
         sb.sequence = seq;
         sb.updated_unix = now_unix();
-        write_superblock(&*self.core.dev, &sb)
+        write_superblock(&*self.core.dev, &sb)?;
+        *self.core.sb() = sb;
+        Ok(())
     }
+}
+
+fn has_dirty_modes(sb: &Superblock) -> bool {
+    sb.volumes.iter().any(|v| v.mode == CacheMode::WriteBack)
 }
 
 fn cold(reason: &str) -> OpenReport {
     OpenReport {
-        warm: false,
-        restored_lines: 0,
-        restored_bytes: 0,
         cold_reason: Some(reason.to_owned()),
+        ..OpenReport::default()
     }
 }
 
@@ -335,13 +609,13 @@ fn load_checkpoint(
     let restored_bytes = sb
         .volumes
         .iter()
-        .map(|v| map.occupancy(v.id).1 * SECTOR_SIZE)
+        .map(|v| map.occupancy(v.id).sectors * SECTOR_SIZE)
         .sum();
     Ok(OpenReport {
         warm: restored_lines > 0,
         restored_lines,
         restored_bytes,
-        cold_reason: None,
+        ..OpenReport::default()
     })
 }
 
@@ -356,32 +630,27 @@ fn record_fits(sb: &Superblock, rec: &LineRecord) -> bool {
         })
 }
 
-/// Statistics of a cache that no daemon has open, from its superblock and checkpoint. After an
-/// unclean stop the next start is cold, so occupancy reads as zero.
+/// Statistics of a cache that no daemon has open, from its superblock and its checkpoint
+/// (after a clean stop) or journal (after an unclean one, when only dirty lines count).
 pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate::VolumeStats>> {
-    let layout = sb.layout;
-    let policy =
-        policy::by_id(0, layout.line_count as u32).ok_or_else(|| format_err("no LRU policy"))?;
-    let mut map = MapState::new(
-        layout.line_count as u32,
-        layout.sectors_per_line() as usize,
-        policy,
-    );
-    if sb.state == CacheState::Clean && sb.checkpoint_seq != 0 {
-        load_checkpoint(dev, sb, sb.checkpoint_seq, &mut map)?;
-    }
+    let mut map = new_map(sb)?;
+    load_state(dev, sb, &mut map)?;
     Ok(sb
         .volumes
         .iter()
         .map(|v| {
-            let (lines_used, sectors) = map.occupancy(v.id);
+            let o = map.occupancy(v.id);
             crate::VolumeStats {
                 name: v.name.clone(),
                 mode: v.mode,
+                configured_mode: v.mode,
                 size: v.backing.size,
                 counters: v.counters,
-                lines_used,
-                bytes_cached: sectors * SECTOR_SIZE,
+                lines_used: o.lines,
+                bytes_cached: o.sectors * SECTOR_SIZE,
+                dirty_lines: o.dirty_lines,
+                dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
+                state: crate::VolumeState::Healthy,
             }
         })
         .collect())

@@ -1,10 +1,13 @@
-//! The cache engine: maps backing lines to cache slots, runs the write-through, write-around
-//! and pass-through modes, persists its map at clean shutdown and recovers at start.
+//! The cache engine: maps backing lines to cache slots, runs the write-back, write-through,
+//! write-around and pass-through modes, journals dirty state, writes it back (the cleaner),
+//! persists its map at clean shutdown and recovers after a crash.
 //! It reaches devices only through `ssdcache_device::BlockDevice`.
 
 pub mod admission;
 mod cache;
+pub mod cleaner;
 mod error;
+mod journal;
 mod locks;
 mod map;
 pub mod policy;
@@ -12,6 +15,8 @@ mod volume;
 
 pub use cache::{
     format, offline_stats, read_superblock, write_superblock, Cache, NewVolume, OpenReport,
+    RecoveryReport,
 };
+pub use cleaner::{BatchReport, CleanerConfig, Select};
 pub use error::{EngineError, Result};
-pub use volume::{Volume, VolumeStats};
+pub use volume::{Volume, VolumeState, VolumeStats, CACHE_ERROR_LIMIT};

@@ -1,7 +1,9 @@
-//! The mapping from (volume, backing line) to cache slot, with per-sector valid bits and the
-//! replacement policy. Everything here runs under one mutex held only for bookkeeping, never
-//! across I/O.
+//! The mapping from (volume, backing line) to cache slot, with per-sector valid and dirty bits,
+//! the replacement policy, and the bookkeeping the journal needs (which slots changed since the
+//! last commit, which slots the durable metadata may still call dirty). Everything here runs
+//! under one mutex held only for bookkeeping, never across I/O.
 
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 
 use crate::locks::{line_key, LineKey, LineLocks};
@@ -11,19 +13,45 @@ use ssdcache_format::{LineRecord, SectorBitmap};
 
 const NO_KEY: LineKey = u64::MAX;
 
+pub fn volume_of(key: LineKey) -> u16 {
+    (key >> 48) as u16
+}
+
+pub fn line_of(key: LineKey) -> u64 {
+    key & ((1 << 48) - 1)
+}
+
 pub struct MapState {
     map: HashMap<LineKey, u32>,
     /// Key held by each slot, `NO_KEY` when free.
     keys: Vec<LineKey>,
-    /// Valid-sector words, `words_per_line` per slot.
+    /// Valid-sector and dirty-sector words, `words_per_line` per slot. Dirty implies valid.
     valid: Vec<u64>,
+    dirty: Vec<u64>,
     words_per_line: usize,
     sectors_per_line: usize,
+    /// Bumped whenever a slot's sectors or owner change, so the cleaner can tell whether a line
+    /// it wrote back was written again meanwhile.
+    epoch: Vec<u32>,
+    /// When (seconds on the cache's clock) each dirty slot first became dirty.
+    dirty_since: Vec<u32>,
+    /// Dirty slots by backing address, for the cleaner's sweep.
+    dirty_index: BTreeMap<LineKey, u32>,
+    /// True while the durable metadata may say the slot holds dirty data: such a slot is never
+    /// reused until a commit says otherwise (its data may be the only copy after a crash).
+    maybe_durable_dirty: Vec<bool>,
+    /// Slots whose dirty state changed since the last commit.
+    changed: Vec<u32>,
+    is_changed: Vec<bool>,
     free: Vec<u32>,
+    /// Released slots waiting for a commit before reuse (see `maybe_durable_dirty`).
+    pending_free: Vec<u32>,
     policy: Box<dyn ReplacementPolicy>,
-    /// Lines and valid sectors held per volume, for occupancy statistics.
+    /// Lines, valid sectors and dirty sectors held per volume, for statistics.
     lines_used: [u64; MAX_VOLUMES],
     sectors_valid: [u64; MAX_VOLUMES],
+    sectors_dirty: [u64; MAX_VOLUMES],
+    lines_dirty: [u64; MAX_VOLUMES],
 }
 
 /// Where a line is cached and which of its sectors are valid.
@@ -33,6 +61,16 @@ pub struct Lookup {
     pub valid: SectorBitmap,
 }
 
+/// A dirty slot as the cleaner plans it.
+#[derive(Debug, Clone, Copy)]
+pub struct DirtyLine {
+    pub slot: u32,
+    pub key: LineKey,
+    pub dirty: SectorBitmap,
+    pub epoch: u32,
+    pub since: u32,
+}
+
 impl MapState {
     pub fn new(
         line_count: u32,
@@ -40,34 +78,91 @@ impl MapState {
         policy: Box<dyn ReplacementPolicy>,
     ) -> MapState {
         let words_per_line = sectors_per_line.div_ceil(64);
+        let n = line_count as usize;
         MapState {
             map: HashMap::new(),
-            keys: vec![NO_KEY; line_count as usize],
-            valid: vec![0; line_count as usize * words_per_line],
+            keys: vec![NO_KEY; n],
+            valid: vec![0; n * words_per_line],
+            dirty: vec![0; n * words_per_line],
             words_per_line,
             sectors_per_line,
+            epoch: vec![0; n],
+            dirty_since: vec![0; n],
+            dirty_index: BTreeMap::new(),
+            maybe_durable_dirty: vec![false; n],
+            changed: Vec::new(),
+            is_changed: vec![false; n],
             // Popping from the end hands out low slots first.
             free: (0..line_count).rev().collect(),
+            pending_free: Vec::new(),
             policy,
             lines_used: [0; MAX_VOLUMES],
             sectors_valid: [0; MAX_VOLUMES],
+            sectors_dirty: [0; MAX_VOLUMES],
+            lines_dirty: [0; MAX_VOLUMES],
         }
     }
 
-    fn bitmap(&self, slot: u32) -> SectorBitmap {
-        let at = slot as usize * self.words_per_line;
+    fn load(words: &[u64], wpl: usize, slot: u32) -> SectorBitmap {
+        let at = slot as usize * wpl;
         let mut b = SectorBitmap::default();
-        b.0[..self.words_per_line].copy_from_slice(&self.valid[at..at + self.words_per_line]);
+        b.0[..wpl].copy_from_slice(&words[at..at + wpl]);
         b
     }
 
-    fn store_bitmap(&mut self, slot: u32, b: &SectorBitmap) {
-        let at = slot as usize * self.words_per_line;
-        self.valid[at..at + self.words_per_line].copy_from_slice(&b.0[..self.words_per_line]);
+    fn valid_bits(&self, slot: u32) -> SectorBitmap {
+        Self::load(&self.valid, self.words_per_line, slot)
     }
 
-    fn volume_of(key: LineKey) -> usize {
-        (key >> 48) as usize
+    fn dirty_bits(&self, slot: u32) -> SectorBitmap {
+        Self::load(&self.dirty, self.words_per_line, slot)
+    }
+
+    /// Stores both bitmaps of a slot and keeps the statistics, the dirty index and the change
+    /// list in step. Frees the slot when no valid sector remains.
+    fn store(&mut self, slot: u32, valid: SectorBitmap, dirty: SectorBitmap, now: u32) {
+        let key = self.keys[slot as usize];
+        debug_assert_ne!(key, NO_KEY, "store into a free slot");
+        debug_assert!(
+            (0..4).all(|w| dirty.0[w] & !valid.0[w] == 0),
+            "dirty sector that is not valid"
+        );
+        let (old_valid, old_dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        let vol = usize::from(volume_of(key));
+        self.sectors_valid[vol] =
+            self.sectors_valid[vol] + u64::from(valid.count()) - u64::from(old_valid.count());
+        self.sectors_dirty[vol] =
+            self.sectors_dirty[vol] + u64::from(dirty.count()) - u64::from(old_dirty.count());
+        let wpl = self.words_per_line;
+        let at = slot as usize * wpl;
+        self.valid[at..at + wpl].copy_from_slice(&valid.0[..wpl]);
+        self.dirty[at..at + wpl].copy_from_slice(&dirty.0[..wpl]);
+        self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
+        if old_dirty != dirty {
+            self.note_changed(slot);
+            match (old_dirty.is_empty(), dirty.is_empty()) {
+                (true, false) => {
+                    self.dirty_index.insert(key, slot);
+                    self.lines_dirty[vol] += 1;
+                    self.dirty_since[slot as usize] = now;
+                }
+                (false, true) => {
+                    self.dirty_index.remove(&key);
+                    self.lines_dirty[vol] -= 1;
+                }
+                _ => {}
+            }
+        }
+        if valid.is_empty() {
+            self.release(slot);
+        }
+    }
+
+    fn note_changed(&mut self, slot: u32) {
+        if !self.is_changed[slot as usize] {
+            self.is_changed[slot as usize] = true;
+            self.changed.push(slot);
+        }
     }
 
     /// Looks a line up and, if cached, counts it as used.
@@ -76,100 +171,331 @@ impl MapState {
         self.policy.touch(slot);
         Some(Lookup {
             slot,
-            valid: self.bitmap(slot),
+            valid: self.valid_bits(slot),
         })
     }
 
-    /// Finds a slot for a line not in the map: a free one, or the policy's victim among lines
-    /// no request holds. The caller holds the line's lock. `None` when every slot is busy.
+    /// Like `lookup`, without counting a use.
+    pub fn peek(&self, volume: u16, line: u64) -> Option<Lookup> {
+        let slot = *self.map.get(&line_key(volume, line))?;
+        Some(Lookup {
+            slot,
+            valid: self.valid_bits(slot),
+        })
+    }
+
+    /// Finds a slot for a line not in the map: a free one, or the policy's victim among clean
+    /// lines no request holds. The caller holds the line's lock. `None` when no slot can be
+    /// freed (every line busy or dirty).
     pub fn allocate(&mut self, volume: u16, line: u64, locks: &LineLocks) -> Option<u32> {
         let key = line_key(volume, line);
         debug_assert!(!self.map.contains_key(&key), "allocate of a mapped line");
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                let keys = &self.keys;
-                let victim = self
-                    .policy
-                    .victim(&mut |s| !locks.is_held(keys[s as usize]))?;
-                self.release(victim);
-                self.free.pop()?
+        let slot = loop {
+            if let Some(s) = self.free.pop() {
+                break s;
             }
+            let (keys, dirty, durable) = (&self.keys, &self.dirty, &self.maybe_durable_dirty);
+            let wpl = self.words_per_line;
+            let victim = self.policy.victim(&mut |s| {
+                let at = s as usize * wpl;
+                !durable[s as usize]
+                    && dirty[at..at + wpl].iter().all(|&w| w == 0)
+                    && !locks.is_held(keys[s as usize])
+            })?;
+            self.release(victim);
         };
         debug_assert_eq!(self.keys[slot as usize], NO_KEY);
+        debug_assert!(!self.maybe_durable_dirty[slot as usize]);
         self.keys[slot as usize] = key;
+        self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.map.insert(key, slot);
-        self.lines_used[Self::volume_of(key)] += 1;
+        self.lines_used[usize::from(volume)] += 1;
         self.policy.insert(slot);
         Some(slot)
     }
 
-    /// Frees a slot: unmapped, no valid sectors, back on the free list.
+    /// Unmaps a slot. It goes back on the free list, or waits for the next commit when the
+    /// durable metadata may still call it dirty.
     fn release(&mut self, slot: u32) {
         let key = self.keys[slot as usize];
         debug_assert_ne!(key, NO_KEY, "release of a free slot");
-        let vol = Self::volume_of(key);
-        self.sectors_valid[vol] -= u64::from(self.bitmap(slot).count());
+        let vol = usize::from(volume_of(key));
+        let (valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        self.sectors_valid[vol] -= u64::from(valid.count());
+        self.sectors_dirty[vol] -= u64::from(dirty.count());
+        if !dirty.is_empty() {
+            self.dirty_index.remove(&key);
+            self.lines_dirty[vol] -= 1;
+        }
         self.lines_used[vol] -= 1;
         self.map.remove(&key);
         self.keys[slot as usize] = NO_KEY;
-        self.store_bitmap(slot, &SectorBitmap::default());
+        let wpl = self.words_per_line;
+        let at = slot as usize * wpl;
+        self.valid[at..at + wpl].fill(0);
+        self.dirty[at..at + wpl].fill(0);
+        self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
-        self.free.push(slot);
+        if self.maybe_durable_dirty[slot as usize] {
+            self.note_changed(slot);
+            self.pending_free.push(slot);
+        } else {
+            self.free.push(slot);
+        }
     }
 
-    /// Marks sectors `first..first+count` of a slot valid or invalid; frees the slot when no
-    /// valid sector remains.
-    pub fn set_valid(&mut self, slot: u32, first: usize, count: usize, on: bool) {
-        debug_assert!(first + count <= self.sectors_per_line);
-        let key = self.keys[slot as usize];
-        if key == NO_KEY {
+    /// Marks sectors valid with data equal to the backing device's (a fill). Sectors already
+    /// dirty stay dirty: a fill only ever rewrites them with the same cached data.
+    pub fn set_clean_valid(&mut self, slot: u32, first: usize, count: usize) {
+        if self.keys[slot as usize] == NO_KEY {
             return;
         }
-        let mut b = self.bitmap(slot);
-        let before = b.count();
+        let mut valid = self.valid_bits(slot);
         for s in first..first + count {
-            b.set(s, on);
+            valid.set(s, true);
         }
-        let after = b.count();
-        let vol = Self::volume_of(key);
-        self.sectors_valid[vol] = self.sectors_valid[vol] + u64::from(after) - u64::from(before);
-        self.store_bitmap(slot, &b);
-        if after == 0 {
-            self.release(slot);
+        self.store(slot, valid, self.dirty_bits(slot), 0);
+    }
+
+    /// Marks sectors valid and dirty: the cache now holds data the backing device lacks.
+    pub fn set_dirty(&mut self, slot: u32, first: usize, count: usize, now: u32) {
+        debug_assert!(first + count <= self.sectors_per_line);
+        let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        for s in first..first + count {
+            valid.set(s, true);
+            dirty.set(s, true);
         }
+        self.store(slot, valid, dirty, now);
+    }
+
+    /// Drops sectors of a slot (valid and dirty); frees it when nothing valid remains.
+    pub fn invalidate_slot(&mut self, slot: u32, first: usize, count: usize) {
+        debug_assert!(first + count <= self.sectors_per_line);
+        if self.keys[slot as usize] == NO_KEY {
+            return;
+        }
+        let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        for s in first..first + count {
+            valid.set(s, false);
+            dirty.set(s, false);
+        }
+        self.store(slot, valid, dirty, 0);
+    }
+
+    /// The dirty sectors of a mapped slot.
+    pub fn dirty_of(&self, slot: u32) -> Option<SectorBitmap> {
+        (self.keys[slot as usize] != NO_KEY).then(|| self.dirty_bits(slot))
+    }
+
+    /// Drops the clean sectors among `first..first+count` of a line, keeping dirty ones.
+    pub fn invalidate_clean(&mut self, volume: u16, line: u64, first: usize, count: usize) {
+        let Some(&slot) = self.map.get(&line_key(volume, line)) else {
+            return;
+        };
+        let (mut valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        for s in first..first + count {
+            if !dirty.get(s) {
+                valid.set(s, false);
+            }
+        }
+        self.store(slot, valid, dirty, 0);
     }
 
     /// Drops sectors of a line from the cache, if it is cached.
     pub fn invalidate(&mut self, volume: u16, line: u64, first: usize, count: usize) {
         if let Some(&slot) = self.map.get(&line_key(volume, line)) {
-            self.set_valid(slot, first, count, false);
+            self.invalidate_slot(slot, first, count);
         }
     }
 
-    pub fn occupancy(&self, volume: u16) -> (u64, u64) {
+    /// Marks written-back sectors clean, if the slot still holds the same line unchanged since
+    /// the cleaner read it (`epoch`). Returns whether it did.
+    pub fn mark_clean(&mut self, line: &DirtyLine, sectors: &SectorBitmap) -> bool {
+        let s = line.slot as usize;
+        if self.keys[s] != line.key || self.epoch[s] != line.epoch {
+            return false;
+        }
+        let mut dirty = self.dirty_bits(line.slot);
+        for w in 0..4 {
+            dirty.0[w] &= !sectors.0[w];
+        }
+        self.store(line.slot, self.valid_bits(line.slot), dirty, 0);
+        true
+    }
+
+    pub fn epoch_of(&self, slot: u32) -> u32 {
+        self.epoch[slot as usize]
+    }
+
+    pub fn key_of(&self, slot: u32) -> LineKey {
+        self.keys[slot as usize]
+    }
+
+    /// Up to `max` dirty lines in address order starting at `from` (wrapping once), those
+    /// accepted by `want`; examines at most `scan` entries.
+    pub fn dirty_lines_from(
+        &self,
+        from: LineKey,
+        max: usize,
+        scan: usize,
+        want: &mut dyn FnMut(&DirtyLine) -> bool,
+    ) -> Vec<DirtyLine> {
+        let entries = self
+            .dirty_index
+            .range(from..)
+            .chain(self.dirty_index.range(..from))
+            .take(scan);
+        let mut out = Vec::new();
+        for (&key, &slot) in entries {
+            let line = DirtyLine {
+                slot,
+                key,
+                dirty: self.dirty_bits(slot),
+                epoch: self.epoch[slot as usize],
+                since: self.dirty_since[slot as usize],
+            };
+            if want(&line) {
+                out.push(line);
+                if out.len() >= max {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// The time the oldest dirty line became dirty (scans every dirty line).
+    pub fn oldest_dirty_since(&self) -> Option<u32> {
+        self.dirty_index
+            .values()
+            .map(|&s| self.dirty_since[s as usize])
+            .min()
+    }
+
+    pub fn total_dirty_lines(&self) -> u64 {
+        self.dirty_index.len() as u64
+    }
+
+    /// Lines, valid sectors, dirty lines and dirty sectors of a volume.
+    pub fn occupancy(&self, volume: u16) -> Occupancy {
         let v = usize::from(volume);
-        (self.lines_used[v], self.sectors_valid[v])
+        Occupancy {
+            lines: self.lines_used[v],
+            sectors: self.sectors_valid[v],
+            dirty_lines: self.lines_dirty[v],
+            dirty_sectors: self.sectors_dirty[v],
+        }
     }
 
     pub fn used_lines(&self) -> usize {
         self.map.len()
     }
 
+    fn record(&self, slot: u32) -> LineRecord {
+        let key = self.keys[slot as usize];
+        if key == NO_KEY {
+            return LineRecord::FREE;
+        }
+        LineRecord {
+            volume: volume_of(key),
+            flags: 0,
+            backing_line: line_of(key),
+            valid: self.valid_bits(slot),
+            dirty: self.dirty_bits(slot),
+        }
+    }
+
     /// The record of every slot, for a checkpoint.
     pub fn records(&self) -> impl Iterator<Item = LineRecord> + '_ {
-        self.keys.iter().enumerate().map(|(slot, &key)| {
-            if key == NO_KEY {
-                return LineRecord::FREE;
+        (0..self.keys.len() as u32).map(|slot| self.record(slot))
+    }
+
+    /// The journal's view of a slot: only dirty sectors matter after a crash (clean ones are
+    /// dropped at recovery), so a slot without dirty sectors is recorded free.
+    fn journal_record(&self, slot: u32) -> LineRecord {
+        let mut rec = self.record(slot);
+        if rec.dirty.is_empty() {
+            return LineRecord::FREE;
+        }
+        rec.valid = rec.dirty;
+        rec
+    }
+
+    pub fn changes_pending(&self) -> usize {
+        self.changed.len()
+    }
+
+    /// Takes the records of the slots changed since the last commit. From here on those that
+    /// are dirty count as possibly durable (the commit may land even if it is never finished).
+    pub fn take_changes(&mut self) -> Vec<(u32, LineRecord)> {
+        let changed = std::mem::take(&mut self.changed);
+        changed
+            .into_iter()
+            .map(|slot| {
+                self.is_changed[slot as usize] = false;
+                let rec = self.journal_record(slot);
+                if !rec.is_free() {
+                    self.maybe_durable_dirty[slot as usize] = true;
+                }
+                (slot, rec)
+            })
+            .collect()
+    }
+
+    /// The records of every dirty slot, for a compaction (a fresh start of the journal).
+    pub fn take_all_dirty(&mut self) -> Vec<(u32, LineRecord)> {
+        for slot in std::mem::take(&mut self.changed) {
+            self.is_changed[slot as usize] = false;
+        }
+        let slots: Vec<u32> = self.dirty_index.values().copied().collect();
+        slots
+            .into_iter()
+            .map(|slot| {
+                self.maybe_durable_dirty[slot as usize] = true;
+                (slot, self.journal_record(slot))
+            })
+            .collect()
+    }
+
+    /// After a commit of `records` is durable: slots recorded without dirty data may be
+    /// reused. With `compaction`, the journal holds nothing else, so every slot not recorded
+    /// dirty is durably free.
+    pub fn commit_done(&mut self, records: &[(u32, LineRecord)], compaction: bool) {
+        if compaction {
+            let mut dirty_now = vec![false; self.keys.len()];
+            for (slot, rec) in records {
+                dirty_now[*slot as usize] = !rec.is_free();
             }
-            LineRecord {
-                volume: (key >> 48) as u16,
-                flags: 0,
-                backing_line: key & ((1 << 48) - 1),
-                valid: self.bitmap(slot as u32),
-                dirty: SectorBitmap::default(),
+            self.maybe_durable_dirty = dirty_now;
+        } else {
+            for (slot, rec) in records {
+                if rec.is_free() {
+                    self.maybe_durable_dirty[*slot as usize] = false;
+                }
             }
-        })
+        }
+        let durable = &self.maybe_durable_dirty;
+        let (reusable, waiting): (Vec<u32>, Vec<u32>) = self
+            .pending_free
+            .iter()
+            .partition(|&&s| !durable[s as usize]);
+        self.pending_free = waiting;
+        self.free.extend(reusable);
+    }
+
+    /// Drops a line wherever it is, during recovery (nothing is durable-dirty yet).
+    pub fn forget_line(&mut self, volume: u16, line: u64) {
+        if let Some(&slot) = self.map.get(&line_key(volume, line)) {
+            self.maybe_durable_dirty[slot as usize] = false;
+            self.release(slot);
+        }
+    }
+
+    /// Puts back the records of a commit that failed, so the next commit writes them.
+    pub fn requeue(&mut self, records: &[(u32, LineRecord)]) {
+        for (slot, _) in records {
+            self.note_changed(*slot);
+        }
     }
 
     /// Rebuilds the free list after `restore` calls.
@@ -181,8 +507,9 @@ impl MapState {
             .collect();
     }
 
-    /// Restores a slot from a checkpoint record (call `rebuild_free_list` after the last). Records for unknown volumes or lines past a
-    /// volume's end are dropped by the caller before this.
+    /// Restores a slot from a checkpoint or journal record (call `rebuild_free_list` after
+    /// the last). Records for unknown volumes or lines past a volume's end are dropped by the
+    /// caller before this.
     pub fn restore(&mut self, slot: u32, rec: &LineRecord) {
         let key = line_key(rec.volume, rec.backing_line);
         if rec.valid.is_empty() || self.map.contains_key(&key) || self.keys[slot as usize] != NO_KEY
@@ -193,11 +520,27 @@ impl MapState {
         self.map.insert(key, slot);
         self.lines_used[usize::from(rec.volume)] += 1;
         self.policy.insert(slot);
-        let mut valid = rec.valid;
+        let (mut valid, mut dirty) = (rec.valid, rec.dirty);
         for s in self.sectors_per_line..256 {
             valid.set(s, false);
+            dirty.set(s, false);
         }
-        self.sectors_valid[usize::from(rec.volume)] += u64::from(valid.count());
-        self.store_bitmap(slot, &valid);
+        for w in 0..4 {
+            dirty.0[w] &= valid.0[w];
+        }
+        self.store(slot, valid, dirty, 0);
+        // Whatever was restored came from durable metadata.
+        self.maybe_durable_dirty[slot as usize] = !dirty.is_empty();
+        self.is_changed[slot as usize] = false;
+        self.changed.retain(|&s| s != slot);
     }
+}
+
+/// Occupancy of one volume.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Occupancy {
+    pub lines: u64,
+    pub sectors: u64,
+    pub dirty_lines: u64,
+    pub dirty_sectors: u64,
 }

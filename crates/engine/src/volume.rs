@@ -1,6 +1,6 @@
 //! One backing device served through the cache: the read and write paths of each mode.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
@@ -32,6 +32,14 @@ pub enum Counter {
     CacheErrors,
     BackingErrors,
     BytesBypassed,
+    /// Dirty bytes the cleaner wrote back.
+    BytesCleaned,
+    /// Write-back writes that went to the backing device because no line could be freed.
+    BytesWrittenAroundFull,
+    /// Client reads refused because their dirty data could not be read from the cache.
+    DirtyReadErrors,
+    /// Dirty lines the cleaner could not read from the cache.
+    DirtyLinesLost,
 }
 
 thread_local! {
@@ -53,21 +61,58 @@ struct Segment {
     in_line: u64,
 }
 
+/// Health of a volume's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeState {
+    Healthy,
+    /// Write-through or write-around after cache-device errors: serving from the backing
+    /// device only (no data lost).
+    PassThroughAfterErrors,
+    /// Write-back after cache-device errors: new writes go to the backing device; dirty data
+    /// still in the cache is at risk (reads of it fail rather than return stale data).
+    CacheFailed,
+}
+
+impl VolumeState {
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumeState::Healthy => "healthy",
+            VolumeState::PassThroughAfterErrors => "pass-through after cache errors",
+            VolumeState::CacheFailed => "cache failed, dirty data at risk",
+        }
+    }
+}
+
 /// Occupancy and counters of a volume at one moment.
 #[derive(Debug, Clone)]
 pub struct VolumeStats {
     pub name: String,
+    /// The mode requests are served in now (pass-through after cache errors).
     pub mode: CacheMode,
+    /// The mode the volume is configured with.
+    pub configured_mode: CacheMode,
     pub size: u64,
     pub counters: VolumeCounters,
     pub lines_used: u64,
     pub bytes_cached: u64,
+    /// Data in the cache that the backing device does not have yet.
+    pub dirty_lines: u64,
+    pub dirty_bytes: u64,
+    pub state: VolumeState,
 }
+
+/// Cache-device errors a write-through or write-around volume tolerates before it stops using
+/// the cache (a failing device tends to fail more; a single bad sector does not end caching).
+pub const CACHE_ERROR_LIMIT: u64 = 8;
 
 pub struct Volume {
     id: u16,
+    /// Index of the backing device in the cache's list.
+    index: usize,
     name: String,
-    mode: CacheMode,
+    mode: AtomicU8,
+    configured_mode: AtomicU8,
+    state: AtomicU8,
     read_only: bool,
     size: u64,
     backing: Arc<dyn BlockDevice>,
@@ -76,16 +121,38 @@ pub struct Volume {
     counters: [AtomicU64; VolumeCounters::COUNT],
 }
 
+fn mode_code(m: CacheMode) -> u8 {
+    match m {
+        CacheMode::PassThrough => 0,
+        CacheMode::WriteThrough => 1,
+        CacheMode::WriteAround => 2,
+        CacheMode::WriteBack => 3,
+    }
+}
+
+fn mode_of(code: u8) -> CacheMode {
+    match code {
+        1 => CacheMode::WriteThrough,
+        2 => CacheMode::WriteAround,
+        3 => CacheMode::WriteBack,
+        _ => CacheMode::PassThrough,
+    }
+}
+
 impl Volume {
     pub(crate) fn new(
         slot: &VolumeSlot,
+        index: usize,
         backing: Arc<dyn BlockDevice>,
         core: Arc<CacheCore>,
     ) -> Volume {
         Volume {
             id: slot.id,
+            index,
             name: slot.name.clone(),
-            mode: slot.mode,
+            mode: AtomicU8::new(mode_code(slot.mode)),
+            configured_mode: AtomicU8::new(mode_code(slot.mode)),
+            state: AtomicU8::new(0),
             read_only: slot.read_only,
             size: slot.backing.size,
             backing,
@@ -98,8 +165,42 @@ impl Volume {
     pub fn name(&self) -> &str {
         &self.name
     }
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+    /// The mode requests are served in now.
     pub fn mode(&self) -> CacheMode {
-        self.mode
+        mode_of(self.mode.load(Ordering::Acquire))
+    }
+    /// The mode the volume is configured with (kept across restarts).
+    pub fn configured_mode(&self) -> CacheMode {
+        mode_of(self.configured_mode.load(Ordering::Acquire))
+    }
+    pub fn state(&self) -> VolumeState {
+        match self.state.load(Ordering::Acquire) {
+            1 => VolumeState::PassThroughAfterErrors,
+            2 => VolumeState::CacheFailed,
+            _ => VolumeState::Healthy,
+        }
+    }
+    pub(crate) fn backing(&self) -> &Arc<dyn BlockDevice> {
+        &self.backing
+    }
+    pub(crate) fn count_pub(&self, c: Counter, n: u64) {
+        self.count(c, n);
+    }
+
+    /// Serves requests in `mode` from now on. Leaving write-back needs the dirty data written
+    /// back first: see `Cache::set_mode`.
+    pub(crate) fn set_mode(&self, mode: CacheMode) {
+        self.mode.store(mode_code(mode), Ordering::Release);
+        self.configured_mode
+            .store(mode_code(mode), Ordering::Release);
+    }
+
+    /// Writes may dirty the cache only in write-back mode with a working cache device.
+    fn caches_writes_back(&self) -> bool {
+        self.mode() == CacheMode::WriteBack && self.state() == VolumeState::Healthy
     }
     pub fn size(&self) -> u64 {
         self.size
@@ -122,14 +223,18 @@ impl Volume {
     }
 
     pub fn stats(&self) -> VolumeStats {
-        let (lines_used, sectors) = self.core.map().occupancy(self.id);
+        let o = self.core.map().occupancy(self.id);
         VolumeStats {
             name: self.name.clone(),
-            mode: self.mode,
+            mode: self.mode(),
+            configured_mode: self.configured_mode(),
             size: self.size,
             counters: self.counters(),
-            lines_used,
-            bytes_cached: sectors * SECTOR_SIZE,
+            lines_used: o.lines,
+            bytes_cached: o.sectors * SECTOR_SIZE,
+            dirty_lines: o.dirty_lines,
+            dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
+            state: self.state(),
         }
     }
 
@@ -191,12 +296,47 @@ impl Volume {
         }
     }
 
+    /// Counts a cache-device error and, past the limit (or at once in write-back, where the
+    /// cache may hold the only copy of data), stops using the cache for new data.
     fn cache_failed(&self, source: std::io::Error) {
-        self.count(Counter::CacheErrors, 1);
+        let errors =
+            self.counters[Counter::CacheErrors as usize].fetch_add(1, Ordering::Relaxed) + 1;
         tracing::warn!(volume = %self.name, "{}", self.core.cache_err(source));
+        let write_back = self.mode() == CacheMode::WriteBack
+            || self.core.map().occupancy(self.id).dirty_lines > 0;
+        if write_back {
+            self.degrade(VolumeState::CacheFailed);
+        } else if errors >= CACHE_ERROR_LIMIT {
+            self.degrade(VolumeState::PassThroughAfterErrors);
+            self.mode
+                .store(mode_code(CacheMode::PassThrough), Ordering::Release);
+        }
+    }
+
+    /// The cleaner could not read dirty data back from the cache.
+    pub(crate) fn cleaner_read_failed(&self, source: std::io::Error) {
+        self.cache_failed(source);
+    }
+
+    fn degrade(&self, state: VolumeState) {
+        let code = match state {
+            VolumeState::Healthy => 0,
+            VolumeState::PassThroughAfterErrors => 1,
+            VolumeState::CacheFailed => 2,
+        };
+        if self.state.swap(code, Ordering::AcqRel) != code {
+            let dirty = self.core.map().occupancy(self.id).dirty_sectors * SECTOR_SIZE;
+            tracing::error!(
+                volume = %self.name,
+                "cache device failing: volume now {}; {} bytes of dirty data are only in the cache",
+                state.name(),
+                dirty
+            );
+        }
     }
 
     fn read_backing(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.core.note_client_backing_io();
         self.backing
             .read_at(buf, offset)
             .map_err(|e| self.backing_err(e))?;
@@ -205,18 +345,32 @@ impl Volume {
     }
 
     fn write_backing(&self, data: &[u8], offset: u64, fua: bool) -> Result<()> {
+        self.core.note_client_backing_io();
+        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
         self.backing
             .write_at(data, offset)
             .map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesToBacking, data.len() as u64);
         if fua {
-            self.backing.flush().map_err(|e| self.backing_err(e))?;
+            self.flush_backing()?;
         }
         Ok(())
     }
 
+    fn flush_backing(&self) -> Result<()> {
+        self.core.backing_unflushed[self.index].store(false, Ordering::Release);
+        self.backing.flush().map_err(|e| {
+            self.core.backing_unflushed[self.index].store(true, Ordering::Release);
+            self.backing_err(e)
+        })
+    }
+
     fn slot_offset(&self, slot: u32, seg: &Segment) -> u64 {
         self.core.layout.slot_offset(u64::from(slot)) + seg.in_line
+    }
+
+    fn has_dirty(&self) -> bool {
+        self.core.map().occupancy(self.id).dirty_lines > 0
     }
 
     /// Reads `buf.len()` bytes at `offset`.
@@ -228,7 +382,7 @@ impl Volume {
         if length == 0 {
             return Ok(());
         }
-        if self.mode == CacheMode::PassThrough {
+        if self.mode() == CacheMode::PassThrough && !self.has_dirty() {
             self.count(Counter::ReadMisses, 1);
             return self.read_backing(buf, offset);
         }
@@ -237,12 +391,17 @@ impl Volume {
         let bypass = self.streams.bypass(offset, length);
         if bypass && !self.all_cached(offset, length) {
             // A stream reads on from the backing device in one piece: serving the cached parts
-            // from the cache would break the disk's streaming into seeks.
+            // from the cache would break the disk's streaming into seeks. Dirty sectors are
+            // laid over it from the cache.
             self.count(Counter::BytesBypassed, length);
             self.count(Counter::ReadMisses, 1);
-            return self.read_backing(buf, offset);
+            self.read_backing(buf, offset)?;
+            return self.overlay_cached(offset, buf);
         }
-        let all_hit = self.read_locked(offset, buf, !bypass)?;
+        let admit = !bypass
+            && self.mode() != CacheMode::PassThrough
+            && self.state() == VolumeState::Healthy;
+        let all_hit = self.read_locked(offset, buf, admit)?;
         self.count(
             if all_hit {
                 Counter::ReadHits
@@ -270,20 +429,14 @@ impl Volume {
     }
 
     /// Reads a range whose lines the caller holds: cached segments from the cache, each run of
-    /// consecutive missing segments with one backing read (a disk streams it), then, with
-    /// `admit`, fills the cache from what was read. Returns whether every segment hit.
-    /// Reading partly cached segments from the backing device is right because these modes
-    /// never hold dirty data.
+    /// consecutive missing segments with one backing read (a disk streams it) with any cached
+    /// sectors laid over it, then, with `admit`, fills the cache from what was read. Returns
+    /// whether every segment hit.
     fn read_locked(&self, offset: u64, buf: &mut [u8], admit: bool) -> Result<bool> {
-        debug_assert_ne!(
-            self.mode,
-            CacheMode::WriteBack,
-            "write-back needs dirty-aware reads"
-        );
         let mut all_hit = true;
         let mut run: Option<(Segment, Segment)> = None;
         for seg in self.segments(offset, buf.len() as u64) {
-            if self.read_hit(&seg, &mut buf[seg.buf_at..seg.buf_at + seg.len]) {
+            if self.read_hit(&seg, &mut buf[seg.buf_at..seg.buf_at + seg.len])? {
                 if let Some(missed) = run.take() {
                     self.read_missing(missed, buf, admit)?;
                 }
@@ -301,25 +454,78 @@ impl Volume {
         Ok(all_hit)
     }
 
-    /// Serves a segment from the cache if every sector of it is there. A cache read error
-    /// drops the line and reports a miss, so the backing device serves it.
-    fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> bool {
+    /// Serves a segment from the cache if every sector of it is there. A cache read error on
+    /// clean data drops it and reports a miss, so the backing device serves it; on dirty data
+    /// it is an error (the backing device's copy is stale).
+    fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
         let Some(slot) = Self::cached_slot(&mut self.core.map(), self.id, seg) else {
-            return false;
+            return Ok(false);
         };
         match self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
             Ok(()) => {
                 self.count(Counter::BytesFromCache, seg.len as u64);
-                true
+                Ok(true)
             }
-            Err(e) => {
-                self.cache_failed(e);
-                self.core
-                    .map()
-                    .set_valid(slot, seg.first_sector, seg.sectors, false);
-                false
+            Err(e) => self.cache_read_failed(slot, seg.first_sector, seg.sectors, e),
+        }
+    }
+
+    /// After a failed cache read of sectors of `slot`: clean ones are dropped (the backing
+    /// device has them) and `Ok(false)` says to read them there; dirty ones make the read fail.
+    fn cache_read_failed(
+        &self,
+        slot: u32,
+        first: usize,
+        count: usize,
+        e: std::io::Error,
+    ) -> Result<bool> {
+        let mut map = self.core.map();
+        let dirty = map
+            .dirty_of(slot)
+            .is_some_and(|d| (first..first + count).any(|s| d.get(s)));
+        if dirty {
+            drop(map);
+            self.count(Counter::DirtyReadErrors, 1);
+            let err = self.core.cache_err(e);
+            self.cache_failed(std::io::Error::other(err.to_string()));
+            return Err(err);
+        }
+        map.invalidate_slot(slot, first, count);
+        drop(map);
+        self.cache_failed(e);
+        Ok(false)
+    }
+
+    /// Lays the cached sectors of a range over `buf`, which holds the backing device's data:
+    /// cached sectors may be dirty (newer than the backing device).
+    fn overlay_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        for seg in self.segments(offset, buf.len() as u64) {
+            let Some(hit) = self.core.map().peek(self.id, seg.line) else {
+                continue;
+            };
+            let end = seg.first_sector + seg.sectors;
+            let mut s = seg.first_sector;
+            while s < end {
+                if !hit.valid.get(s) {
+                    s += 1;
+                    continue;
+                }
+                let run_end = (s..end).find(|&t| !hit.valid.get(t)).unwrap_or(end);
+                let at = seg.buf_at + (s - seg.first_sector) * SECTOR_SIZE as usize;
+                let len = (run_end - s) * SECTOR_SIZE as usize;
+                let from =
+                    self.core.layout.slot_offset(u64::from(hit.slot)) + s as u64 * SECTOR_SIZE;
+                match self.core.dev.read_at(&mut buf[at..at + len], from) {
+                    Ok(()) => self.count(Counter::BytesFromCache, len as u64),
+                    Err(e) => {
+                        // Clean sectors are already right in `buf` (read from the backing device).
+                        self.cache_read_failed(hit.slot, s, run_end - s, e)?;
+                    }
+                }
+                s = run_end;
             }
         }
+        Ok(())
     }
 
     /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
@@ -338,6 +544,7 @@ impl Volume {
         }
         let (start, end) = (first.buf_at, last.buf_at + last.len);
         self.read_backing(&mut buf[start..end], first.offset)?;
+        self.overlay_cached(first.offset, &mut buf[start..end])?;
         if admit {
             for seg in self.segments(first.offset, (end - start) as u64) {
                 let at = start + seg.buf_at;
@@ -356,6 +563,7 @@ impl Volume {
             let mut scratch = scratch.borrow_mut();
             scratch.resize_discarding(whole.len);
             self.read_backing(&mut scratch, whole.offset)?;
+            self.overlay_cached(whole.offset, &mut scratch)?;
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
             self.fill(&whole, &scratch);
@@ -379,29 +587,36 @@ impl Volume {
         }
     }
 
-    /// Puts a segment's data in the cache (allocating a line if needed). A cache error only
-    /// drops the line: the backing device has the data.
+    /// Puts a segment's current data in the cache (allocating a line if needed). `data` must
+    /// already carry the cached sectors of the segment (a fill never changes dirty data). A
+    /// cache error only drops the line: the backing device has the data.
     fn fill(&self, seg: &Segment, data: &[u8]) {
-        let slot = {
-            let mut map = self.core.map();
-            match map.lookup(self.id, seg.line) {
-                Some(hit) => hit.slot,
-                None => match map.allocate(self.id, seg.line, &self.core.locks) {
-                    Some(slot) => slot,
-                    None => return, // every line busy: skip caching this one
-                },
-            }
+        let Some(slot) = self.slot_for(seg) else {
+            return; // every line busy or dirty: skip caching this one
         };
-        let result = self.core.dev.write_at(data, self.slot_offset(slot, seg));
-        let ok = result.is_ok();
-        if let Err(e) = result {
-            self.cache_failed(e);
-        } else {
-            self.count(Counter::BytesToCache, seg.len as u64);
+        match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
+            Ok(()) => {
+                self.count(Counter::BytesToCache, seg.len as u64);
+                self.core
+                    .map()
+                    .set_clean_valid(slot, seg.first_sector, seg.sectors);
+            }
+            Err(e) => {
+                self.core
+                    .map()
+                    .invalidate_slot(slot, seg.first_sector, seg.sectors);
+                self.cache_failed(e);
+            }
         }
-        self.core
-            .map()
-            .set_valid(slot, seg.first_sector, seg.sectors, ok);
+    }
+
+    /// The slot caching a segment's line, allocated if needed; `None` when none can be freed.
+    fn slot_for(&self, seg: &Segment) -> Option<u32> {
+        let mut map = self.core.map();
+        match map.lookup(self.id, seg.line) {
+            Some(hit) => Some(hit.slot),
+            None => map.allocate(self.id, seg.line, &self.core.locks),
+        }
     }
 
     fn invalidate(&self, offset: u64, length: u64) {
@@ -411,7 +626,16 @@ impl Volume {
         }
     }
 
-    /// Writes `data` at `offset`; with `fua`, durable on the backing device before returning.
+    /// After a failed backing write of a range: clean cached copies no longer match the
+    /// backing device and are dropped; dirty ones stay (they are newer than either).
+    fn invalidate_clean(&self, offset: u64, length: u64) {
+        let mut map = self.core.map();
+        for seg in self.segments(offset, length) {
+            map.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors);
+        }
+    }
+
+    /// Writes `data` at `offset`; with `fua`, durable before returning.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let length = data.len() as u64;
         self.check_writable(offset, length)?;
@@ -421,33 +645,49 @@ impl Volume {
             return Ok(());
         }
         let (first, last) = self.line_range(offset, length);
-        let _held = self.core.locks.lock_range(self.id, first, last);
-        let bypass = self.mode != CacheMode::PassThrough && self.streams.bypass(offset, length);
+        let held = self.core.locks.lock_range(self.id, first, last);
+        let mode = self.mode();
+        let bypass = mode != CacheMode::PassThrough && self.streams.bypass(offset, length);
         if bypass {
             self.count(Counter::BytesBypassed, length);
         }
-        match self.mode {
-            CacheMode::WriteThrough if !bypass => self.write_through(offset, data, fua),
-            CacheMode::WriteThrough | CacheMode::WriteAround | CacheMode::PassThrough => {
-                self.invalidate(offset, length);
-                self.write_backing(data, offset, fua)
+        match mode {
+            CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
+                self.write_through(offset, data, fua)
             }
-            CacheMode::WriteBack => Err(EngineError::Format(
-                "write-back is not implemented yet".into(),
-            )),
+            CacheMode::WriteBack if !bypass && self.caches_writes_back() => {
+                self.write_back(offset, data)?;
+                drop(held);
+                if fua {
+                    self.core.commit()?;
+                }
+                Ok(())
+            }
+            _ => self.write_around(offset, data, fua),
         }
+    }
+
+    /// To the backing device only; cached copies of the range are dropped after the write
+    /// succeeded (dirty ones included: the new data supersedes them).
+    fn write_around(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        if let Err(e) = self.write_backing(data, offset, fua) {
+            self.invalidate_clean(offset, data.len() as u64);
+            return Err(e);
+        }
+        self.invalidate(offset, data.len() as u64);
+        Ok(())
     }
 
     /// Backing first (the cache never holds the only copy), then the cache.
     fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
             // The backing contents of the range are now unknown: the cache must not claim them.
-            self.invalidate(offset, data.len() as u64);
+            self.invalidate_clean(offset, data.len() as u64);
             return Err(e);
         }
         let mut hit = false;
         for seg in self.segments(offset, data.len() as u64) {
-            hit |= self.core.map().lookup(self.id, seg.line).is_some();
+            hit |= self.core.map().peek(self.id, seg.line).is_some();
             self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
         }
         if hit {
@@ -456,16 +696,75 @@ impl Volume {
         Ok(())
     }
 
-    /// Makes every completed write durable.
+    /// Into the cache only, marked dirty; the cleaner writes it back later. A segment that
+    /// gets no line (the cache is full of dirty data) or whose cache write fails goes to the
+    /// backing device instead.
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let mut hit = false;
+        let now = self.core.now_secs();
+        for seg in self.segments(offset, data.len() as u64) {
+            let part = &data[seg.buf_at..seg.buf_at + seg.len];
+            hit |= self.core.map().peek(self.id, seg.line).is_some();
+            let Some(slot) = self.slot_for(&seg) else {
+                self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
+                self.write_around(seg.offset, part, false)?;
+                continue;
+            };
+            match self.core.dev.write_at(part, self.slot_offset(slot, &seg)) {
+                Ok(()) => {
+                    self.count(Counter::BytesToCache, seg.len as u64);
+                    self.core
+                        .map()
+                        .set_dirty(slot, seg.first_sector, seg.sectors, now);
+                }
+                Err(e) => {
+                    // What the slot now holds for these sectors is unknown; the new data goes
+                    // to the backing device and supersedes any older dirty copy.
+                    self.cache_failed(e);
+                    self.write_backing(part, seg.offset, false)?;
+                    self.core
+                        .map()
+                        .invalidate_slot(slot, seg.first_sector, seg.sectors);
+                }
+            }
+        }
+        if hit {
+            self.count(Counter::WriteHits, 1);
+        }
+        if self.core.map().changes_pending() >= COMMIT_BATCH {
+            // Bounds the records waiting for a commit (and the journal work of the next one).
+            self.core.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every completed write durable: the backing device flushed and, when the cache
+    /// may hold dirty data, the journal committed.
     pub fn flush(&self) -> Result<()> {
         self.count(Counter::Flushes, 1);
-        self.backing.flush().map_err(|e| self.backing_err(e))
+        self.flush_backing()?;
+        let dirty_possible = self.configured_mode() == CacheMode::WriteBack || {
+            let map = self.core.map();
+            map.total_dirty_lines() > 0 || map.changes_pending() > 0
+        };
+        if dirty_possible {
+            if self.core.commit_failed.load(Ordering::Acquire) && self.has_dirty() {
+                return Err(EngineError::CacheDevice {
+                    device: self.core.dev.describe(),
+                    source: std::io::Error::other(
+                        "an earlier metadata commit failed; dirty data in the cache may not be durable",
+                    ),
+                });
+            }
+            self.core.commit()?;
+        }
+        Ok(())
     }
 
     /// Drops a range from the cache and discards it on the backing device where supported.
     pub fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
         self.count(Counter::Trims, 1);
-        self.uncache_then(offset, length, fua, |b| {
+        self.on_backing_then_uncache(offset, length, fua, |b| {
             b.discard(offset, length).map(|_| ())
         })
     }
@@ -473,12 +772,12 @@ impl Volume {
     /// Makes a range read as zeroes.
     pub fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
         self.count(Counter::WriteZeroes, 1);
-        self.uncache_then(offset, length, fua, |b| b.write_zeroes(offset, length))
+        self.on_backing_then_uncache(offset, length, fua, |b| b.write_zeroes(offset, length))
     }
 
-    /// Invalidates a range in the cache, then applies `on_backing` to the backing device, with
-    /// the range's lines held so no read can refill them in between.
-    fn uncache_then(
+    /// Applies `on_backing` to the backing device, then drops the range from the cache, with
+    /// the range's lines held so no read sees the old cached copy after the change.
+    fn on_backing_then_uncache(
         &self,
         offset: u64,
         length: u64,
@@ -490,9 +789,15 @@ impl Volume {
             return Ok(());
         }
         let (first, last) = self.line_range(offset, length);
-        let _held = self.core.locks.lock_range(self.id, first, last);
+        let held = self.core.locks.lock_range(self.id, first, last);
+        self.core.note_client_backing_io();
+        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
+        if let Err(e) = on_backing(&*self.backing) {
+            self.invalidate_clean(offset, length);
+            return Err(self.backing_err(e));
+        }
         self.invalidate(offset, length);
-        on_backing(&*self.backing).map_err(|e| self.backing_err(e))?;
+        drop(held);
         if fua {
             self.flush()?;
         }
@@ -502,7 +807,10 @@ impl Volume {
     /// Brings a range into the cache (NBD_CMD_CACHE), 1 MiB at a time.
     pub fn prefetch(&self, offset: u64, length: u64) -> Result<()> {
         self.check(offset, length)?;
-        if self.mode == CacheMode::PassThrough || length == 0 {
+        if self.mode() == CacheMode::PassThrough
+            || self.state() != VolumeState::Healthy
+            || length == 0
+        {
             return Ok(());
         }
         const CHUNK: u64 = 1 << 20;
@@ -518,3 +826,6 @@ impl Volume {
         Ok(())
     }
 }
+
+/// Changed line records that make a write-back writer commit on its own.
+const COMMIT_BATCH: usize = 4096;

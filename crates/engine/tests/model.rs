@@ -1,5 +1,6 @@
 //! The engine against a plain byte array: random reads, writes, trims, write-zeroes, flushes,
-//! prefetches, clean restarts and crashes (restart without shutdown), in every mode.
+//! prefetches, writeback batches, clean restarts and crashes (restart without shutdown), in
+//! every mode.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ mod common;
 use common::setup;
 use proptest::prelude::*;
 use ssdcache_device::MemDevice;
-use ssdcache_engine::Cache;
+use ssdcache_engine::{Cache, CleanerConfig, Select};
 use ssdcache_format::CacheMode;
 
 const SECTOR: u64 = 4096;
@@ -48,6 +49,8 @@ enum Op {
         sectors: u64,
     },
     Flush,
+    /// One writeback batch (write-back mode).
+    Clean,
     CleanRestart,
     Crash,
 }
@@ -72,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..BACKING / SECTOR - 16 * 40, 1..40u64, any::<bool>(), any::<u8>())
             .prop_map(|(sector, requests, write, seed)| Op::Stream { sector, requests, write, seed }),
         1 => Just(Op::Flush),
+        1 => Just(Op::Clean),
         1 => Just(Op::CleanRestart),
         1 => Just(Op::Crash),
     ]
@@ -155,18 +159,34 @@ fn run(mode: CacheMode, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Flush => vol.flush().expect("flush"),
+            Op::Clean => {
+                cache
+                    .clean_batch(&CleanerConfig::default(), 4, Select::All)
+                    .expect("clean");
+            }
             Op::CleanRestart => {
                 cache.shutdown().expect("shutdown");
                 drop(vol);
                 cache = open(&cache_dev, &backing);
             }
             Op::Crash => {
+                // Memory devices lose nothing, but the journal loses what was not committed:
+                // flushing first makes the model exact (crash_tests.rs checks unflushed loss).
+                if mode == CacheMode::WriteBack {
+                    vol.flush().expect("flush before crash");
+                }
                 drop(vol);
                 cache = open(&cache_dev, &backing);
             }
         }
     }
-    // The backing device alone holds everything in these modes.
+    if mode == CacheMode::WriteBack {
+        cache
+            .drain(&CleanerConfig::default(), &mut |_| true)
+            .expect("drain");
+        prop_assert_eq!(cache.dirty_bytes(), 0);
+    }
+    // The backing device alone holds everything (after the drain in write-back).
     prop_assert!(
         backing.snapshot() == model,
         "backing differs from the model"
@@ -185,6 +205,11 @@ proptest! {
     #[test]
     fn write_around_matches_model(ops in proptest::collection::vec(op(), 1..120)) {
         run(CacheMode::WriteAround, ops)?;
+    }
+
+    #[test]
+    fn write_back_matches_model(ops in proptest::collection::vec(op(), 1..160)) {
+        run(CacheMode::WriteBack, ops)?;
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Where each region of a cache device lives, derived from the cache size and line size.
 
+use crate::journal::entries_per_block as journal_entries_per_block;
 use crate::lines::MetaPage;
 use crate::{MAX_LINE_SIZE, MIN_LINE_SIZE, SECTOR_SIZE};
 
@@ -14,7 +15,6 @@ pub const MIN_LINE_COUNT: u64 = 64;
 /// Slots are u32 indices in memory (u32::MAX marks "none").
 pub const MAX_LINE_COUNT: u64 = u32::MAX as u64 - 1;
 const MIN_JOURNAL: u64 = 4 << 20;
-const MAX_JOURNAL: u64 = 256 << 20;
 const REGION_ALIGN: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +84,12 @@ impl Layout {
         let pages = line_count.div_ceil(per_page);
         let meta_len = align_up((pages * SECTOR_SIZE).max(SECTOR_SIZE), REGION_ALIGN);
         let journal_offset = META_OFFSET + meta_len;
-        let journal_len = align_up(meta_len.clamp(MIN_JOURNAL, MAX_JOURNAL), REGION_ALIGN);
+        let compaction = line_count.div_ceil(journal_entries_per_block(line_size) as u64);
+        let journal_blocks = 2 * compaction + (compaction / 2).max(256);
+        let journal_len = align_up(
+            (journal_blocks * SECTOR_SIZE).max(MIN_JOURNAL),
+            REGION_ALIGN,
+        );
         let data_offset = align_up(journal_offset + journal_len, line_size.max(REGION_ALIGN));
         Layout {
             cache_size,
@@ -96,6 +101,18 @@ impl Layout {
             data_offset,
             line_count,
         }
+    }
+
+    /// Number of 4 KiB journal blocks.
+    pub fn journal_blocks(&self) -> u64 {
+        self.journal_len / SECTOR_SIZE
+    }
+
+    /// Journal blocks a compaction needs when every line is dirty: the journal keeps this
+    /// much free so a compaction always fits beside the live blocks it replaces.
+    pub fn compaction_blocks(&self) -> u64 {
+        self.line_count
+            .div_ceil(journal_entries_per_block(self.line_size) as u64)
     }
 
     pub fn sectors_per_line(&self) -> u64 {
@@ -151,6 +168,7 @@ mod tests {
                 assert!(l.is_consistent(), "{l:?}");
                 assert!(l.line_count >= MIN_LINE_COUNT);
                 assert_eq!(l.data_offset % line, 0);
+                assert!(l.journal_blocks() >= 2 * l.compaction_blocks() + 256);
             }
         }
     }
@@ -159,7 +177,8 @@ mod tests {
     fn metadata_overhead_is_small() {
         let l = Layout::compute(100 << 30, 65536).expect("layout");
         let overhead = l.data_offset as f64 / l.cache_size as f64;
-        assert!(overhead < 0.002, "overhead {overhead}");
+        // Checkpoint (0.05%) plus a journal room for two compactions (0.2%).
+        assert!(overhead < 0.004, "overhead {overhead}");
     }
 
     #[test]

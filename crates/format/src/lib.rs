@@ -10,7 +10,7 @@
 //! | superblock copy A | 0 | 64 KiB |
 //! | superblock copy B | 64 KiB | 64 KiB |
 //! | metadata (line-record checkpoint) | 1 MiB | `meta_len` |
-//! | journal (reserved for write-back) | `journal_offset` | `journal_len` |
+//! | journal (circular log of line records) | `journal_offset` | `journal_len` |
 //! | data (cache lines) | `data_offset` | `line_count * line_size` |
 
 mod bytes;

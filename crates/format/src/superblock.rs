@@ -94,7 +94,7 @@ pub struct BackingIdentity {
 pub struct VolumeCounters(pub [u64; VolumeCounters::COUNT]);
 
 impl VolumeCounters {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 21;
     /// Counter slots on disk (536..728 of a volume slot); the unused ones are zero, room for
     /// counters to come without a format change.
     pub const DISK_SLOTS: usize = 24;
@@ -116,6 +116,10 @@ impl VolumeCounters {
         "cache_errors",
         "backing_errors",
         "bytes_bypassed",
+        "bytes_cleaned",
+        "bytes_written_around_full",
+        "dirty_read_errors",
+        "dirty_lines_lost",
     ];
 }
 
@@ -147,8 +151,13 @@ pub struct Superblock {
     pub checkpoint_seq: u64,
     pub created_unix: u64,
     pub updated_unix: u64,
-    /// How many times the daemon started after an unclean stop (cache discarded each time).
+    /// How many times the daemon started after an unclean stop.
     pub unclean_starts: u64,
+    /// The journal generation a running daemon writes; blocks of other generations are stale.
+    pub journal_generation: u64,
+    /// Sequence number and block index of the first live journal block.
+    pub journal_start_seq: u64,
+    pub journal_start_block: u64,
     pub volumes: Vec<VolumeSlot>,
 }
 
@@ -200,6 +209,9 @@ impl Superblock {
         put_u32(&mut buf, 136, 0); // compatible feature bits: none yet
         put_u32(&mut buf, 140, MAX_VOLUMES as u32);
         put_u64(&mut buf, 160, self.unclean_starts);
+        put_u64(&mut buf, 168, self.journal_generation);
+        put_u64(&mut buf, 176, self.journal_start_seq);
+        put_u64(&mut buf, 184, self.journal_start_block);
         if self.volumes.len() > MAX_VOLUMES {
             return Err(SuperblockError::TooManyVolumes);
         }
@@ -275,6 +287,9 @@ impl Superblock {
             created_unix: get_u64(buf, 120),
             updated_unix: get_u64(buf, 128),
             unclean_starts: get_u64(buf, 160),
+            journal_generation: get_u64(buf, 168),
+            journal_start_seq: get_u64(buf, 176),
+            journal_start_block: get_u64(buf, 184),
             volumes,
         })
     }
@@ -402,6 +417,9 @@ mod tests {
             created_unix: 1_700_000_000,
             updated_unix: 1_700_000_100,
             unclean_starts: 1,
+            journal_generation: 0x1234,
+            journal_start_seq: 5,
+            journal_start_block: 3,
             volumes: vec![VolumeSlot {
                 id: 3,
                 uuid: [1; 16],

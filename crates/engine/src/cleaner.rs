@@ -1,0 +1,480 @@
+//! Writeback ("cleaning"): dirty lines are written to their backing devices in batches swept
+//! in address order, contiguous dirty sectors merged into large writes and many writes kept in
+//! flight (a disk reorders its queue; one sorted write at a time still misses a rotation each).
+//! The backing devices are flushed before any line is recorded clean (docs/design.md,
+//! "Writeback").
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ssdcache_device::AlignedBuf;
+use ssdcache_format::{CacheMode, SectorBitmap, SECTOR_SIZE};
+
+use crate::cache::Cache;
+use crate::error::{EngineError, Result};
+use crate::locks::LineKey;
+use crate::map::{line_of, volume_of, DirtyLine};
+use crate::volume::Counter;
+
+/// When and how fast the cleaner writes back. Defaults are in docs/operations.md.
+#[derive(Debug, Clone)]
+pub struct CleanerConfig {
+    /// Share of the cache's lines dirty at which cleaning starts at full speed, whatever
+    /// the clients are doing.
+    pub high_watermark: f64,
+    /// Cleaning started by the high watermark goes on until this share is reached.
+    pub low_watermark: f64,
+    /// Dirty data older than this is written back even below the watermarks.
+    pub max_age: Duration,
+    /// Backing writes in flight when the backing device is idle (or above the high watermark).
+    pub max_in_flight: usize,
+    /// Backing writes in flight while clients use the backing device.
+    pub busy_in_flight: usize,
+    /// The backing device counts as idle after this long without a client request.
+    pub idle_after: Duration,
+    /// Largest merged write.
+    pub max_write: u64,
+    /// Lines planned per batch.
+    pub batch_lines: usize,
+}
+
+impl Default for CleanerConfig {
+    fn default() -> Self {
+        CleanerConfig {
+            high_watermark: 0.5,
+            low_watermark: 0.4,
+            max_age: Duration::from_secs(30),
+            max_in_flight: 32,
+            busy_in_flight: 2,
+            idle_after: Duration::from_millis(100),
+            max_write: 4 << 20,
+            batch_lines: 2048,
+        }
+    }
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchReport {
+    pub lines_cleaned: u64,
+    pub bytes_written: u64,
+    pub writes: u64,
+    /// Extents skipped because a client changed them meanwhile, or that failed.
+    pub extents_skipped: u64,
+    pub extents_failed: u64,
+}
+
+/// The state a cache keeps for its cleaner thread.
+#[derive(Default)]
+pub(crate) struct CleanerState {
+    cursor: Mutex<LineKey>,
+    draining: AtomicBool,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Which dirty lines a batch takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Select {
+    All,
+    /// Only lines dirty since before this time (seconds on the cache's clock).
+    DirtySince(u32),
+}
+
+/// A run of dirty sectors of one line, as part of a merged write.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    line: DirtyLine,
+    first: usize,
+    count: usize,
+}
+
+/// One backing write: contiguous sectors of one volume, possibly across lines.
+#[derive(Debug)]
+struct Extent {
+    volume: u16,
+    offset: u64,
+    len: u64,
+    parts: Vec<Part>,
+}
+
+enum Outcome {
+    Written,
+    Skipped,
+    Failed,
+}
+
+impl Cache {
+    /// Plans and writes back one batch of dirty lines in address order, `depth` writes in
+    /// flight, then flushes the backing devices, records the lines clean and commits.
+    pub fn clean_batch(
+        &self,
+        cfg: &CleanerConfig,
+        depth: usize,
+        select: Select,
+    ) -> Result<BatchReport> {
+        let lines = self.plan(cfg, select);
+        if lines.is_empty() {
+            return Ok(BatchReport::default());
+        }
+        let extents = merge_extents(&lines, self.layout().line_size, cfg.max_write);
+        let outcomes = self.write_extents(&extents, depth.max(1));
+        let mut report = BatchReport::default();
+        let mut cleaned: HashMap<u32, (DirtyLine, SectorBitmap)> = HashMap::new();
+        let mut touched = vec![false; self.volumes().len()];
+        let index_of = |id: u16| self.volumes().iter().position(|v| v.id() == id);
+        for (extent, outcome) in extents.iter().zip(&outcomes) {
+            match outcome {
+                Outcome::Written => {
+                    report.writes += 1;
+                    report.bytes_written += extent.len;
+                    if let Some(i) = index_of(extent.volume) {
+                        touched[i] = true;
+                    }
+                    for p in &extent.parts {
+                        let entry = cleaned
+                            .entry(p.line.slot)
+                            .or_insert((p.line, SectorBitmap::default()));
+                        for s in p.first..p.first + p.count {
+                            entry.1.set(s, true);
+                        }
+                    }
+                }
+                Outcome::Skipped => report.extents_skipped += 1,
+                Outcome::Failed => report.extents_failed += 1,
+            }
+        }
+        // Clean before forgetting: nothing is recorded clean until the backing device says
+        // the data is durable.
+        for (vol, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
+            let v = &self.volumes()[vol];
+            v.backing().flush().map_err(|e| {
+                v.count_pub(Counter::BackingErrors, 1);
+                EngineError::Backing {
+                    device: v.backing().describe(),
+                    source: e,
+                }
+            })?;
+        }
+        {
+            let mut map = self.core().map();
+            for (line, sectors) in cleaned.values() {
+                if map.mark_clean(line, sectors) {
+                    report.lines_cleaned += 1;
+                }
+            }
+        }
+        for (e, outcome) in extents.iter().zip(&outcomes) {
+            if let (Outcome::Written, Some(i)) = (outcome, index_of(e.volume)) {
+                self.volumes()[i].count_pub(Counter::BytesCleaned, e.len);
+            }
+        }
+        self.commit()?;
+        Ok(report)
+    }
+
+    /// The next dirty lines of the sweep, in address order.
+    fn plan(&self, cfg: &CleanerConfig, select: Select) -> Vec<DirtyLine> {
+        let mut cursor = self
+            .cleaner
+            .cursor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let map = self.core().map();
+        let mut want = |l: &DirtyLine| match select {
+            Select::All => true,
+            Select::DirtySince(t) => l.since <= t,
+        };
+        let mut lines = map.dirty_lines_from(*cursor, cfg.batch_lines, 1 << 16, &mut want);
+        drop(map);
+        // A batch that wrapped past the end is two sweeps: keep the first, in order.
+        if let Some(wrap) = lines.windows(2).position(|w| w[1].key < w[0].key) {
+            lines.truncate(wrap + 1);
+        }
+        if let Some(last) = lines.last() {
+            *cursor = last.key + 1;
+        }
+        lines
+    }
+
+    fn write_extents(&self, extents: &[Extent], depth: usize) -> Vec<Outcome> {
+        let next = AtomicUsize::new(0);
+        let results: Vec<Mutex<Option<Outcome>>> =
+            extents.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|scope| {
+            for _ in 0..depth.min(extents.len()) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(extent) = extents.get(i) else { break };
+                    let outcome = self.write_extent(extent);
+                    *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+                });
+            }
+        });
+        results
+            .into_iter()
+            .map(|r| {
+                r.into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or(Outcome::Failed)
+            })
+            .collect()
+    }
+
+    /// Reads an extent's dirty sectors from the cache and writes them to the backing device,
+    /// holding its lines so no client write lands on the backing device in between (which
+    /// this older data would then overwrite).
+    fn write_extent(&self, extent: &Extent) -> Outcome {
+        let core = self.core();
+        let line_size = self.layout().line_size;
+        let (first, last) = (
+            extent.offset / line_size,
+            (extent.offset + extent.len - 1) / line_size,
+        );
+        let _held = core.locks.lock_range(extent.volume, first, last);
+        {
+            let map = core.map();
+            let changed = extent.parts.iter().any(|p| {
+                map.key_of(p.line.slot) != p.line.key || map.epoch_of(p.line.slot) != p.line.epoch
+            });
+            if changed {
+                return Outcome::Skipped;
+            }
+        }
+        let Some(volume) = self.volumes().iter().find(|v| v.id() == extent.volume) else {
+            return Outcome::Failed;
+        };
+        let Some(mut buf) = AlignedBuf::try_zeroed(extent.len as usize) else {
+            return Outcome::Failed;
+        };
+        let mut at = 0usize;
+        for p in &extent.parts {
+            let len = p.count * SECTOR_SIZE as usize;
+            let from =
+                self.layout().slot_offset(u64::from(p.line.slot)) + p.first as u64 * SECTOR_SIZE;
+            if let Err(e) = core.dev.read_at(&mut buf[at..at + len], from) {
+                volume.count_pub(Counter::DirtyLinesLost, 1);
+                volume.cleaner_read_failed(e);
+                return Outcome::Failed;
+            }
+            at += len;
+        }
+        if let Err(e) = volume.backing().write_at(&buf, extent.offset) {
+            volume.count_pub(Counter::BackingErrors, 1);
+            tracing::warn!(volume = %volume.name(), "writeback to {} failed: {e}", volume.backing().describe());
+            return Outcome::Failed;
+        }
+        Outcome::Written
+    }
+
+    /// Starts the background cleaner thread (once).
+    pub fn start_cleaner(self: &Arc<Self>, cfg: CleanerConfig) {
+        let mut slot = self
+            .cleaner
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return;
+        }
+        self.cleaner.stop.store(false, Ordering::Release);
+        let cache = Arc::clone(self);
+        *slot = Some(std::thread::spawn(move || cache.cleaner_loop(&cfg)));
+    }
+
+    /// Stops the cleaner thread and waits for its batch to finish.
+    pub fn stop_cleaner(&self) {
+        self.cleaner.stop.store(true, Ordering::Release);
+        let handle = self
+            .cleaner
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
+    /// Asks the cleaner to write back everything now (`ssdcache flush`), or to stop doing so.
+    pub fn request_drain(&self, on: bool) {
+        self.cleaner.draining.store(on, Ordering::Release);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.cleaner.draining.load(Ordering::Acquire)
+    }
+
+    fn cleaner_loop(&self, cfg: &CleanerConfig) {
+        let line_count = self.layout().line_count.max(1) as f64;
+        let mut above_high = false;
+        let mut oldest: Option<u32> = None;
+        let mut oldest_checked = Instant::now() - Duration::from_secs(10);
+        let mut last_commit = Instant::now();
+        while !self.cleaner.stop.load(Ordering::Acquire) {
+            let dirty = self.dirty_lines();
+            let share = dirty as f64 / line_count;
+            above_high = share >= cfg.high_watermark || (above_high && share > cfg.low_watermark);
+            if oldest_checked.elapsed() >= Duration::from_secs(1) {
+                oldest = self.core().map().oldest_dirty_since();
+                oldest_checked = Instant::now();
+            }
+            let now = self.core().now_secs();
+            let age_limit = cfg.max_age.as_secs().min(u64::from(u32::MAX)) as u32;
+            let aged = oldest.is_some_and(|t| now.saturating_sub(t) >= age_limit);
+            let draining = self.draining();
+            if draining && dirty == 0 {
+                self.request_drain(false);
+            }
+            if dirty == 0 || !(draining || above_high || aged) {
+                if last_commit.elapsed() >= Duration::from_secs(1)
+                    && self.core().map().changes_pending() > 0
+                {
+                    // Bounds how much a crash can lose when clients never flush.
+                    if let Err(e) = self.commit() {
+                        tracing::warn!("periodic metadata commit failed: {e}");
+                    }
+                    last_commit = Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            let idle = self.core().backing_idle_for() >= cfg.idle_after;
+            let urgent = draining || share >= cfg.high_watermark;
+            let depth = if urgent || idle {
+                cfg.max_in_flight
+            } else {
+                cfg.busy_in_flight
+            };
+            let select = if draining || above_high {
+                Select::All
+            } else {
+                Select::DirtySince(now.saturating_sub(age_limit))
+            };
+            match self.clean_batch(cfg, depth, select) {
+                Ok(r) => {
+                    last_commit = Instant::now();
+                    if r.lines_cleaned == 0 {
+                        if aged && !draining && !above_high {
+                            oldest_checked = Instant::now() - Duration::from_secs(10);
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    } else if !urgent && !idle {
+                        // Clients are using the backing device: leave it to them between batches.
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("writeback batch failed, retrying in 1 s: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Writes back every dirty line now, in the calling thread, calling `progress` after each
+    /// batch with the dirty bytes left; `progress` returning false stops early (what was
+    /// written back stays clean, so a later call resumes). Fails when lines cannot be written
+    /// back after repeated tries.
+    pub fn drain(&self, cfg: &CleanerConfig, progress: &mut dyn FnMut(u64) -> bool) -> Result<()> {
+        let mut stuck_rounds = 0;
+        loop {
+            let left = self.dirty_bytes();
+            if left == 0 || !progress(left) {
+                return self.commit();
+            }
+            let r = self.clean_batch(cfg, cfg.max_in_flight, Select::All)?;
+            if r.lines_cleaned == 0 {
+                stuck_rounds += 1;
+                if stuck_rounds > 3 {
+                    return Err(EngineError::Format(format!(
+                        "{} dirty bytes cannot be written back ({} extents failed in the last \
+                         batch): see the log for the device errors",
+                        left, r.extents_failed
+                    )));
+                }
+            } else {
+                stuck_rounds = 0;
+            }
+        }
+    }
+
+    /// Dirty bytes in the whole cache.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.volumes().iter().map(|v| v.stats().dirty_bytes).sum()
+    }
+
+    /// Changes a volume's mode. Leaving write-back first stops new dirty data (writes go
+    /// through), then writes every dirty line back, reporting progress, then switches.
+    pub fn set_mode(
+        &self,
+        volume: usize,
+        mode: CacheMode,
+        cfg: &CleanerConfig,
+        progress: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<()> {
+        let v = self
+            .volumes()
+            .get(volume)
+            .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
+        if v.configured_mode() == CacheMode::WriteBack && mode != CacheMode::WriteBack {
+            v.set_mode(CacheMode::WriteThrough);
+            self.drain(cfg, progress)?;
+            if self.dirty_bytes() > 0 {
+                v.set_mode(CacheMode::WriteBack);
+                return Err(EngineError::Format(
+                    "mode change interrupted before the dirty data was written back; the volume \
+                     stays in write-back"
+                        .into(),
+                ));
+            }
+        }
+        v.set_mode(mode);
+        Ok(())
+    }
+}
+
+/// Merges the dirty sector runs of address-ordered lines into backing writes.
+fn merge_extents(lines: &[DirtyLine], line_size: u64, max_write: u64) -> Vec<Extent> {
+    let mut out: Vec<Extent> = Vec::new();
+    let spl = (line_size / SECTOR_SIZE) as usize;
+    for line in lines {
+        let mut s = 0;
+        while s < spl {
+            if !line.dirty.get(s) {
+                s += 1;
+                continue;
+            }
+            let end = (s..spl).find(|&t| !line.dirty.get(t)).unwrap_or(spl);
+            let part = Part {
+                line: *line,
+                first: s,
+                count: end - s,
+            };
+            let volume = volume_of(line.key);
+            let offset = line_of(line.key) * line_size + s as u64 * SECTOR_SIZE;
+            let len = (end - s) as u64 * SECTOR_SIZE;
+            match out.last_mut() {
+                Some(e)
+                    if e.volume == volume
+                        && e.offset + e.len == offset
+                        && e.len + len <= max_write =>
+                {
+                    e.len += len;
+                    e.parts.push(part);
+                }
+                _ => out.push(Extent {
+                    volume,
+                    offset,
+                    len,
+                    parts: vec![part],
+                }),
+            }
+            s = end;
+        }
+    }
+    out
+}
