@@ -7,6 +7,9 @@
 //! control = "/run/ssdcache/ctl.sock" # control socket for stats/info
 //! threads = 32                       # worker threads per NBD connection
 //! read_only = false                  # export every volume read-only
+//! writeback_high = 50                # write-back: clean at full speed above 50% dirty lines
+//! writeback_low = 40                 # ... down to 40%
+//! writeback_max_age = 30             # write back dirty data older than 30 s when possible
 //!
 //! [backing]                          # where a volume's backing device is now, if it moved
 //! sdb = "/dev/disk/by-id/ata-WDC_WD40EFRX-1234"
@@ -27,6 +30,9 @@ pub struct FileConfig {
     pub control: Option<PathBuf>,
     pub threads: Option<usize>,
     pub read_only: Option<bool>,
+    pub writeback_high: Option<f64>,
+    pub writeback_low: Option<f64>,
+    pub writeback_max_age: Option<u64>,
     #[serde(default)]
     pub backing: BTreeMap<String, PathBuf>,
 }

@@ -1,5 +1,6 @@
-//! The control socket: one JSON request line in, one JSON reply line out. Today it answers
-//! `stats` and `info`; online changes (mode, policy, detach) will come through it too.
+//! The control socket: one request line in, one JSON reply line out. Requests: `stats`,
+//! `info`, `flush` (start writing back everything), `flush-stop`, `commit`, and
+//! `set-mode NAME MODE`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -70,12 +71,32 @@ fn answer(conn: UnixStream, cache: &Cache, cache_path: &Path) -> Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(conn.try_clone()?.take(4096)).read_line(&mut line)?;
-    let reply = match line.trim() {
-        "stats" => serde_json::to_value(report::live_stats(cache, cache_path))?,
-        "info" => serde_json::to_value(report::info_report(&cache.superblock(), cache_path))?,
-        other => {
-            serde_json::json!({ "error": format!("unknown request {other:?}; known: stats, info") })
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let reply = match words.as_slice() {
+        ["stats"] => serde_json::to_value(report::live_stats(cache, cache_path))?,
+        ["info"] => serde_json::to_value(report::live_info(cache, cache_path))?,
+        ["flush"] => {
+            cache.request_drain(true);
+            serde_json::to_value(report::live_stats(cache, cache_path))?
         }
+        ["flush-stop"] => {
+            cache.request_drain(false);
+            serde_json::json!({ "ok": true })
+        }
+        ["commit"] => match cache.commit() {
+            Ok(()) => serde_json::json!({ "ok": true }),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        },
+        ["set-mode", name, mode] => match crate::writeback::set_mode_online(cache, name, mode) {
+            Ok(v) => v,
+            Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+        },
+        _ => serde_json::json!({
+            "error": format!(
+                "unknown request {:?}; known: stats, info, flush, flush-stop, commit, set-mode NAME MODE",
+                line.trim()
+            )
+        }),
     };
     let mut out = serde_json::to_vec(&reply)?;
     out.push(b'\n');

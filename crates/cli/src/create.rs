@@ -62,6 +62,19 @@ pub fn run(args: CreateArgs) -> Result<()> {
                 vols.join(", ")
             );
         }
+        let dirty: u64 = crate::serve::dirty_per_volume(&*cache, &existing)
+            .iter()
+            .sum();
+        if dirty > 0 {
+            bail!(
+                "{} holds {} of dirty data (write-back) that its backing device does not have; \
+                 overwriting it would lose that data. Write it back first: `ssdcache flush --cache {}` \
+                 (or `ssdcache recover` if the daemon cannot start), then create again",
+                args.cache.display(),
+                human(dirty),
+                args.cache.display()
+            );
+        }
     }
     let ident = identity::probe(&args.backing, backing.size())
         .with_context(|| format!("cannot identify backing device {}", args.backing.display()))?;

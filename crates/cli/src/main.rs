@@ -8,6 +8,7 @@ mod hdd_emulator;
 mod report;
 mod serve;
 mod size;
+mod writeback;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,8 +22,9 @@ use clap::{Parser, Subcommand, ValueEnum};
     about = "A user-space SSD cache for hard drives, served as a block device over NBD",
     long_about = "ssdcache puts a fast device (SSD, NVMe, RAM disk, or a file on one) in front of a slow \
 one (a hard drive, a RAID, a file on one) and serves the pair as one block device over NBD. The \
-backing device is never reformatted: it keeps its data at the same addresses and mounts without \
-ssdcache at any time (in the modes available now the cache never holds the only copy of data).\n\n\
+backing device is never reformatted: it keeps its data at the same addresses. In write-through, \
+write-around and pass-through it mounts without ssdcache at any time; in write-back the cache holds \
+newer data until it is written back (`ssdcache flush`, `ssdcache detach`).\n\n\
 Typical use:\n  ssdcache create --cache /dev/nvme0n1p2 --backing /dev/sdb --mode write-through\n  \
 ssdcache serve --cache /dev/nvme0n1p2 --socket /run/ssdcache/sdb.sock\n  \
 nbd-client -unix /run/ssdcache/sdb.sock /dev/nbd0     (or qemu, nbdfuse, nbdcopy...)\n  \
@@ -36,6 +38,10 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum ModeArg {
+    /// Writes go to the cache only and are acknowledged at SSD speed; the cleaner writes them
+    /// back to the backing device later, sorted. A FLUSH or FUA makes them durable (journal
+    /// commit); see docs/design.md for the durability contract.
+    WriteBack,
     /// Reads fill the cache; writes go to the backing device and the cache, acknowledged after
     /// the backing write.
     WriteThrough,
@@ -49,6 +55,7 @@ impl ModeArg {
     pub fn mode(self) -> ssdcache_format::CacheMode {
         use ssdcache_format::CacheMode;
         match self {
+            ModeArg::WriteBack => CacheMode::WriteBack,
             ModeArg::WriteThrough => CacheMode::WriteThrough,
             ModeArg::WriteAround => CacheMode::WriteAround,
             ModeArg::PassThrough => CacheMode::PassThrough,
@@ -77,9 +84,14 @@ multiple of 4096 bytes; a path cannot be opened."
 the one recorded at create, and serves each volume as an NBD export named after the volume (the \
 empty export name reaches the first volume) on a Unix socket (mode 0600), and on TCP with --listen.\n\n\
 After a clean stop (SIGTERM or SIGINT: in-flight requests finish, the cache map is written, the \
-cache is marked clean) the next start is warm. After a crash or kill -9 the cached data is \
-discarded and the next start is cold: the backing device holds all data in every mode available \
-now, so nothing is lost and nothing stale is ever served.\n\n\
+cache is marked clean) the next start is warm. After a crash or kill -9 the journal is replayed: \
+dirty data (write-back) is recovered, clean cached data is dropped, and nothing stale is ever \
+served. A volume whose cache holds dirty data is never served in front of a missing or different \
+backing device.\n\n\
+Write-back: a cleaner thread writes dirty data back in address order with large merged writes; at \
+full speed above --writeback-high or when the backing device is idle, paced while clients use it; \
+data older than --writeback-max-age is written back even below the watermarks. When no line can \
+be freed (the cache is full of dirty data) a write goes to the backing device directly.\n\n\
 Settings come from flags, from a TOML file given with --config, or both (flags win). See \
 docs/operations.md for the file format. A control socket (--control) answers `ssdcache stats` \
 and `ssdcache info` while the daemon runs."
@@ -107,6 +119,43 @@ about 79 random 4 KiB reads per second at queue depth 1, 150-200 at 32, 250 MB/s
 the start. The data is really stored in FILE."
     )]
     HddEmulator(hdd_emulator::HddEmulatorArgs),
+    /// Write all dirty data back to the backing devices now (write-back), with progress
+    #[command(
+        long_about = "Writes every dirty line of the cache back to its backing device, in address \
+order with large merged writes, and flushes the backing device, showing bytes left, rate and ETA. \
+With a running daemon (found through its control socket) the daemon's cleaner does the work at full \
+speed while clients keep being served; without one, the cache is opened here (the backing devices \
+are checked as `serve` checks them).\n\n\
+Interrupt with Ctrl-C at any time: what was written back stays clean, and running `ssdcache flush` \
+again resumes with what is left. New writes made during an online flush may leave new dirty data."
+    )]
+    Flush(writeback::FlushArgs),
+    /// Flush, then leave the backing device a plain disk and the cache empty (daemon stopped)
+    #[command(
+        long_about = "Writes all dirty data back (as `ssdcache flush`, with progress; \
+interruptible and resumable), then marks the cache empty. Afterwards each backing device holds all \
+of its data and can be mounted or used without ssdcache; the cache device can be re-created or \
+served again (it starts cold, so changes made to the backing device meanwhile are safe). Stop the \
+daemon first (SIGTERM)."
+    )]
+    Detach(writeback::DetachArgs),
+    /// Write the dirty data of a cache whose daemon is gone or will not start onto a device
+    #[command(
+        long_about = "Offline recovery: reads the cache's metadata (the journal is replayed after \
+a crash), writes every dirty line onto the device given by --backing and flushes it, then reports \
+what it wrote and marks the cache empty. --backing must be the volume's recorded backing device; \
+a replacement that holds a copy of the old device is accepted with --force. Lines that cannot be \
+read from the cache are reported and stay in the cache."
+    )]
+    Recover(writeback::RecoverArgs),
+    /// Change a volume's caching mode (leaving write-back writes the dirty data back first)
+    #[command(
+        long_about = "Changes the mode of a volume, online through the daemon's control socket or \
+offline. Leaving write-back first stops new dirty data (writes go through to the backing device), \
+writes every dirty line back with progress, and only then switches; interrupted, the volume stays \
+in write-back."
+    )]
+    SetMode(writeback::SetModeArgs),
 }
 
 fn main() -> ExitCode {
@@ -128,6 +177,10 @@ fn main() -> ExitCode {
         Command::Info(a) => report::info(a),
         Command::Stats(a) => report::stats(a),
         Command::HddEmulator(a) => hdd_emulator::run(a),
+        Command::Flush(a) => writeback::flush(a),
+        Command::Detach(a) => writeback::detach(a),
+        Command::Recover(a) => writeback::recover(a),
+        Command::SetMode(a) => writeback::set_mode(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -46,6 +46,14 @@ pub struct VolumeReport {
     pub read_hit_ratio: f64,
     pub lines_used: u64,
     pub occupancy_bytes: u64,
+    /// The mode the volume is configured with (`mode` is what it serves in now).
+    pub configured_mode: String,
+    /// "healthy", "pass-through after cache errors", or "cache failed, dirty data at risk".
+    pub state: String,
+    pub dirty_lines: u64,
+    pub dirty_bytes: u64,
+    /// False while the cache holds data the backing device lacks.
+    pub backing_consistent: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -79,6 +87,11 @@ fn volume_report(v: &VolumeStats) -> VolumeReport {
         },
         lines_used: v.lines_used,
         occupancy_bytes: v.bytes_cached,
+        configured_mode: v.configured_mode.to_string(),
+        state: v.state.name().to_owned(),
+        dirty_lines: v.dirty_lines,
+        dirty_bytes: v.dirty_bytes,
+        backing_consistent: v.dirty_bytes == 0,
     }
 }
 
@@ -156,6 +169,23 @@ fn print_stats(r: &StatsReport) {
     for v in &r.volumes {
         let c = |k: &str| v.counters.get(k).copied().unwrap_or(0);
         println!("volume {} ({}, {})", v.name, v.mode, human(v.size));
+        if v.mode != v.configured_mode {
+            println!(
+                "  MODE         serving {} (configured {})",
+                v.mode, v.configured_mode
+            );
+        }
+        if v.state != "healthy" {
+            println!("  STATE        {}", v.state.to_uppercase());
+        }
+        if v.dirty_bytes > 0 {
+            println!(
+                "  DIRTY        {} in {} lines: the backing device alone is NOT consistent \
+                 (run `ssdcache flush` before using it without ssdcache)",
+                human(v.dirty_bytes),
+                v.dirty_lines
+            );
+        }
         println!(
             "  reads        {:>12}   hits {} / misses {}   hit ratio {:.1}%",
             c("reads"),
@@ -191,17 +221,25 @@ fn print_stats(r: &StatsReport) {
             v.lines_used,
             100.0 * v.lines_used as f64 / r.lines.max(1) as f64
         );
-        if c("cache_errors") + c("backing_errors") > 0 {
+        if c("bytes_cleaned") + c("bytes_written_around_full") > 0 {
             println!(
-                "  ERRORS       cache device {}   backing device {}",
+                "  written back {:>12}   written around (cache full of dirty data) {}",
+                human(c("bytes_cleaned")),
+                human(c("bytes_written_around_full"))
+            );
+        }
+        if c("cache_errors") + c("backing_errors") + c("dirty_read_errors") > 0 {
+            println!(
+                "  ERRORS       cache device {}   backing device {}   reads of unreadable dirty data {}",
                 c("cache_errors"),
-                c("backing_errors")
+                c("backing_errors"),
+                c("dirty_read_errors")
             );
         }
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct InfoReport {
     pub cache: String,
     pub uuid: String,
@@ -219,9 +257,20 @@ pub struct InfoReport {
     pub journal_bytes: u64,
     pub data_offset: u64,
     pub volumes: Vec<InfoVolume>,
+    /// What the running daemon recovered from the journal at its start, if it started after
+    /// an unclean stop.
+    pub recovered: Option<Recovered>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
+pub struct Recovered {
+    pub dirty_lines: u64,
+    pub dirty_bytes: u64,
+    pub journal_commits: u64,
+    pub millis: u64,
+}
+
+#[derive(Serialize, Deserialize)]
 pub struct InfoVolume {
     pub id: u16,
     pub name: String,
@@ -234,7 +283,21 @@ pub struct InfoVolume {
     pub backing_kind: String,
     pub backing_size: u64,
     pub backing_id: String,
+    pub dirty_lines: u64,
     pub dirty_bytes: u64,
+}
+
+/// The daemon's `info`: the superblock with live modes and dirty data, and what it recovered.
+pub fn live_info(cache: &Cache, cache_path: &Path) -> InfoReport {
+    let mut r = info_report(&cache.superblock(), cache_path);
+    r.state = "running (served by a daemon)".into();
+    r.recovered = cache.recovery().map(|x| Recovered {
+        dirty_lines: x.dirty_lines,
+        dirty_bytes: x.dirty_bytes,
+        journal_commits: x.commits,
+        millis: x.millis,
+    });
+    r
 }
 
 pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
@@ -245,7 +308,11 @@ pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
         format_version: sb.version,
         state: match sb.state {
             CacheState::Clean => "clean".into(),
-            CacheState::Running => "running (or stopped uncleanly: the next start is cold)".into(),
+            CacheState::Running => {
+                "running, or stopped uncleanly (the next start replays the journal: dirty data is \
+                 recovered, clean data dropped)"
+                    .into()
+            }
         },
         sequence: sb.sequence,
         unclean_starts: sb.unclean_starts,
@@ -273,15 +340,30 @@ pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
                 backing_kind: format!("{:?}", v.backing.kind),
                 backing_size: v.backing.size,
                 backing_id: v.backing.stable_id.clone(),
+                dirty_lines: v.dirty_lines,
                 dirty_bytes: v.dirty_bytes,
             })
             .collect(),
+        recovered: None,
     }
 }
 
 pub fn info(args: InfoArgs) -> Result<()> {
-    let (_dev, sb) = read_sb(&args.cache)?;
-    let r = info_report(&sb, &args.cache);
+    let (dev, mut sb) = read_sb(&args.cache)?;
+    let r = match control::query(&control::default_path(&sb.cache_uuid), "info")? {
+        Some(v) => serde_json::from_value(v).context("daemon sent info in an unknown shape")?,
+        None => {
+            // The superblock's dirty totals are from the last clean stop; the metadata (the
+            // journal after a crash) says what the cache holds now.
+            if let Ok(vols) = ssdcache_engine::offline_stats(&*dev, &sb) {
+                for (slot, v) in sb.volumes.iter_mut().zip(vols) {
+                    slot.dirty_lines = v.dirty_lines;
+                    slot.dirty_bytes = v.dirty_bytes;
+                }
+            }
+            info_report(&sb, &args.cache)
+        }
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -323,9 +405,24 @@ pub fn info(args: InfoArgs) -> Result<()> {
             human(v.backing_size),
             v.backing_id
         );
+        if v.dirty_bytes == 0 {
+            println!("  dirty     none (the backing device alone is consistent)");
+        } else {
+            println!(
+                "  DIRTY     {} in {} lines: the backing device alone is NOT consistent; \
+                 `ssdcache flush` (or `ssdcache recover`) writes it back",
+                human(v.dirty_bytes),
+                v.dirty_lines
+            );
+        }
+    }
+    if let Some(x) = &r.recovered {
         println!(
-            "  dirty     {} (the backing device alone is consistent)",
-            human(v.dirty_bytes)
+            "recovered   {} dirty lines ({}) from {} journal commits in {} ms at the last start",
+            x.dirty_lines,
+            human(x.dirty_bytes),
+            x.journal_commits,
+            x.millis
         );
     }
     Ok(())

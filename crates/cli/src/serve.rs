@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ssdcache_device::hdd::{HddDevice, HddParams};
 use ssdcache_device::{identity, BlockDevice};
-use ssdcache_engine::{Cache, EngineError, Volume};
+use ssdcache_engine::{Cache, CleanerConfig, EngineError, Volume};
 use ssdcache_format::{Superblock, VolumeSlot};
 use ssdcache_nbd::{
     transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerExport,
@@ -53,9 +53,21 @@ pub struct ServeArgs {
     /// Where a volume's backing device is now, if not at its recorded path (repeatable)
     #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
     backing: Vec<(String, PathBuf)>,
+    /// Write-back: share of the cache's lines dirty at which the cleaner writes back at full
+    /// speed whatever clients do [default: 50]
+    #[arg(long, value_name = "PERCENT")]
+    writeback_high: Option<f64>,
+    /// Write-back: cleaning started at the high watermark goes on down to this share
+    /// [default: 40]
+    #[arg(long, value_name = "PERCENT")]
+    writeback_low: Option<f64>,
+    /// Write-back: dirty data older than this many seconds is written back even below the
+    /// watermarks, at a pace that leaves the backing device to clients [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    writeback_max_age: Option<u64>,
 }
 
-fn parse_backing(s: &str) -> Result<(String, PathBuf), String> {
+pub(crate) fn parse_backing(s: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
         Some((name, path)) if !name.is_empty() && !path.is_empty() => {
             Ok((name.to_owned(), PathBuf::from(path)))
@@ -73,6 +85,7 @@ struct Settings {
     threads: usize,
     backing: BTreeMap<String, PathBuf>,
     emulate_hdd: bool,
+    cleaner: CleanerConfig,
 }
 
 fn settings(args: ServeArgs) -> Result<Settings> {
@@ -89,7 +102,32 @@ fn settings(args: ServeArgs) -> Result<Settings> {
     if !(1..=256).contains(&threads) {
         bail!("--threads {threads} is out of range (1 to 256)");
     }
+    let defaults = CleanerConfig::default();
+    let high = args
+        .writeback_high
+        .or(file.writeback_high)
+        .unwrap_or(defaults.high_watermark * 100.0);
+    let low = args
+        .writeback_low
+        .or(file.writeback_low)
+        .unwrap_or(defaults.low_watermark * 100.0);
+    if !(0.0..=100.0).contains(&high) || !(0.0..=100.0).contains(&low) || low > high {
+        bail!(
+            "write-back watermarks must be percentages with low <= high (got high {high}, low {low})"
+        );
+    }
+    let max_age = args
+        .writeback_max_age
+        .or(file.writeback_max_age)
+        .unwrap_or(defaults.max_age.as_secs());
+    let cleaner = CleanerConfig {
+        high_watermark: high / 100.0,
+        low_watermark: low / 100.0,
+        max_age: std::time::Duration::from_secs(max_age),
+        ..defaults
+    };
     Ok(Settings {
+        cleaner,
         cache,
         socket: args.socket.or(file.socket),
         listen: args.listen.or(file.listen),
@@ -102,10 +140,23 @@ fn settings(args: ServeArgs) -> Result<Settings> {
 }
 
 /// Opens the backing device of a volume and proves it is the one recorded at create.
-fn open_backing(
+/// `dirty` is the volume's dirty data in the cache, for the message when it is missing.
+pub(crate) fn open_backing(
     slot: &VolumeSlot,
     overrides: &BTreeMap<String, PathBuf>,
+    dirty: u64,
 ) -> Result<Arc<dyn BlockDevice>> {
+    let at_risk = if dirty > 0 {
+        format!(
+            " The cache holds {} of dirty data for this volume that this device does not have: \
+             serving the cache in front of another device would corrupt both. If the device is \
+             lost, write the dirty data onto a copy or replacement with `ssdcache recover \
+             --cache CACHE --backing NEW --force`.",
+            human(dirty)
+        )
+    } else {
+        String::new()
+    };
     let path = overrides
         .get(&slot.name)
         .cloned()
@@ -118,11 +169,11 @@ fn open_backing(
         });
         if missing {
             anyhow::anyhow!(
-                "{e:#}; if the disk moved, point to it with --backing {}=PATH",
+                "{e:#}; if the disk moved, point to it with --backing {}=PATH.{at_risk}",
                 slot.name
             )
         } else {
-            e
+            anyhow::anyhow!("{e:#}{at_risk}")
         }
     })?;
     let found = identity::probe(&path, dev.size())
@@ -130,11 +181,16 @@ fn open_backing(
     if let Some(why) = identity::mismatch(&slot.backing, &found) {
         bail!(
             "refusing to serve volume '{}': {} is not the backing device this cache was created for ({why}). \
-             Point to the right device with --backing {}=PATH; if the cache really belongs to this device now, \
-             re-create it with `ssdcache create --force` (write-through caches hold no data the backing device lacks)",
+             Point to the right device with --backing {}=PATH.{}",
             slot.name,
             path.display(),
-            slot.name
+            slot.name,
+            if dirty > 0 {
+                at_risk
+            } else {
+                " If the cache really belongs to this device now, re-create it with `ssdcache create --force` \
+                 (the cache holds no dirty data, so nothing is lost)".to_owned()
+            }
         );
     }
     Ok(dev)
@@ -221,10 +277,12 @@ fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
     let dev = open_device(&s.cache, "cache", true, true)?;
     let sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", s.cache.display()))?;
+    let dirty = dirty_per_volume(&*dev, &sb);
     let backings = sb
         .volumes
         .iter()
-        .map(|v| open_backing(v, &s.backing))
+        .zip(&dirty)
+        .map(|(v, d)| open_backing(v, &s.backing, *d))
         .map(|dev| dev.map(|d| with_hdd_model(d, s.emulate_hdd)))
         .collect::<Result<Vec<_>>>()?;
     if !dev.is_direct() {
@@ -235,15 +293,32 @@ fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
     }
     let (cache, report) = Cache::open(dev, sb.clone(), backings)
         .with_context(|| format!("cannot open cache {}", s.cache.display()))?;
-    match report.cold_reason {
-        None => tracing::info!(
+    match (&report.cold_reason, &report.recovery) {
+        (_, Some(r)) => tracing::warn!(
+            "recovered after an unclean stop: {} dirty lines ({}) from {} journal commits in {} ms; \
+             clean cached data was dropped",
+            r.dirty_lines,
+            human(r.dirty_bytes),
+            r.commits,
+            r.millis
+        ),
+        (None, None) => tracing::info!(
             "cache warm: {} lines, {} restored from the clean-stop checkpoint",
             report.restored_lines,
             human(report.restored_bytes)
         ),
-        Some(why) => tracing::info!("cache starts cold: {why}"),
+        (Some(why), None) => tracing::info!("cache starts cold: {why}"),
     }
     Ok((Arc::new(cache), sb))
+}
+
+/// Dirty bytes of each volume as the cache's metadata records them (journal replayed after
+/// an unclean stop); zero where the metadata cannot be read (opening reports that).
+pub(crate) fn dirty_per_volume(dev: &dyn BlockDevice, sb: &Superblock) -> Vec<u64> {
+    match ssdcache_engine::offline_stats(dev, sb) {
+        Ok(vols) => vols.iter().map(|v| v.dirty_bytes).collect(),
+        Err(_) => sb.volumes.iter().map(|v| v.dirty_bytes).collect(),
+    }
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -308,6 +383,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .unwrap_or_default(),
         control_path.display()
     );
+    cache.start_cleaner(s.cleaner.clone());
     watch_signals(server.clone())?;
     let mut listeners = vec![{
         let server = server.clone();
@@ -325,7 +401,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     }
     server.wait_idle();
-    tracing::info!("all requests finished; writing the cache map");
+    cache.stop_cleaner();
+    tracing::info!(
+        "all requests finished; writing the cache map ({} dirty, kept in the cache)",
+        human(cache.dirty_bytes())
+    );
     cache
         .shutdown()
         .context("clean shutdown failed; the next start will be cold (no data lost)")?;

@@ -184,6 +184,8 @@ pub struct RecoveryReport {
 pub struct Cache {
     core: Arc<CacheCore>,
     volumes: Vec<Arc<Volume>>,
+    /// What the last open recovered from the journal, for `info`.
+    recovery: Option<RecoveryReport>,
     pub(crate) cleaner: crate::cleaner::CleanerState,
 }
 
@@ -451,6 +453,7 @@ impl Cache {
             Cache {
                 core,
                 volumes,
+                recovery: report.recovery.clone(),
                 cleaner: Default::default(),
             },
             report,
@@ -485,6 +488,24 @@ impl Cache {
             slot.dirty_lines = o.dirty_lines;
             slot.dirty_bytes = o.dirty_sectors * SECTOR_SIZE;
         }
+    }
+
+    /// What this open recovered from the journal after an unclean stop.
+    pub fn recovery(&self) -> Option<&RecoveryReport> {
+        self.recovery.as_ref()
+    }
+
+    /// Writes the superblock with the volumes' current configuration (modes), so a change
+    /// survives a crash.
+    pub fn persist_config(&self) -> Result<()> {
+        let _pos = self.core.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sb = self.core.sb().clone();
+        self.fold_volumes(&mut sb);
+        sb.sequence += 1;
+        sb.updated_unix = now_unix();
+        write_superblock(&*self.core.dev, &sb)?;
+        *self.core.sb() = sb;
+        Ok(())
     }
 
     /// Makes every completed write of every volume durable.

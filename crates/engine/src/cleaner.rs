@@ -407,6 +407,14 @@ impl Cache {
         self.volumes().iter().map(|v| v.stats().dirty_bytes).sum()
     }
 
+    /// Stops a write-back volume from making new dirty data (its writes go through) while
+    /// its dirty data is written back; `set_mode` then completes the change.
+    pub fn hold_writes_through(&self, volume: usize) {
+        if let Some(v) = self.volumes().get(volume) {
+            v.set_serving_mode(CacheMode::WriteThrough);
+        }
+    }
+
     /// Changes a volume's mode. Leaving write-back first stops new dirty data (writes go
     /// through), then writes every dirty line back, reporting progress, then switches.
     pub fn set_mode(

@@ -198,6 +198,12 @@ impl Volume {
             .store(mode_code(mode), Ordering::Release);
     }
 
+    /// Serves writes in `mode` for now, the configured mode unchanged (while a mode change
+    /// waits for the dirty data to be written back).
+    pub(crate) fn set_serving_mode(&self, mode: CacheMode) {
+        self.mode.store(mode_code(mode), Ordering::Release);
+    }
+
     /// Writes may dirty the cache only in write-back mode with a working cache device.
     fn caches_writes_back(&self) -> bool {
         self.mode() == CacheMode::WriteBack && self.state() == VolumeState::Healthy

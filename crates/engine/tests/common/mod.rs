@@ -64,3 +64,100 @@ pub fn setup(
     let (cache, _) = open(&cache_dev, &backing);
     (cache_dev, backing, cache)
 }
+
+/// A volume's counter by its name in `VolumeCounters::NAMES`.
+pub fn counter(vol: &ssdcache_engine::Volume, name: &str) -> u64 {
+    let i = ssdcache_format::VolumeCounters::NAMES
+        .iter()
+        .position(|n| *n == name)
+        .unwrap_or_else(|| panic!("no counter named {name}"));
+    vol.counters().0[i]
+}
+
+/// Formats any device for one volume of `backing_size` bytes with the given sequential cutoff
+/// (0 = every request is cached, so tests control exactly what is dirty).
+pub fn format_dev(
+    dev: &dyn BlockDevice,
+    line_size: u64,
+    mode: CacheMode,
+    backing_size: u64,
+    sequential_cutoff: u64,
+) {
+    let volume = NewVolume {
+        name: "v".into(),
+        mode,
+        backing: identity(backing_size),
+        sequential_cutoff,
+    };
+    format(dev, line_size, volume).expect("format");
+}
+
+/// Opens the cache on any cache device with `backing` as its only volume.
+pub fn open_dyn(
+    cache_dev: Arc<dyn BlockDevice>,
+    backing: Arc<dyn BlockDevice>,
+) -> (Cache, ssdcache_engine::OpenReport) {
+    let sb = read_superblock(&*cache_dev).expect("superblock");
+    Cache::open(cache_dev, sb, vec![backing]).expect("open")
+}
+
+/// A fresh cache on crash-simulating devices (whose fault switches tests can flip), with
+/// sequential cutoff 0.
+pub fn setup_crash(
+    cache_size: u64,
+    backing_size: u64,
+    line_size: u64,
+    mode: CacheMode,
+) -> (
+    Arc<ssdcache_device::CrashDevice>,
+    Arc<ssdcache_device::CrashDevice>,
+    Cache,
+) {
+    let cache_dev = Arc::new(ssdcache_device::CrashDevice::new("cache", cache_size));
+    let backing = Arc::new(ssdcache_device::CrashDevice::new("backing", backing_size));
+    format_dev(&*cache_dev, line_size, mode, backing_size, 0);
+    let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
+    (cache_dev, backing, cache)
+}
+
+/// A small deterministic generator (splitmix64) for reproducible workloads.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// `0..n` in random order.
+    pub fn shuffled(&mut self, n: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = (0..n).collect();
+        for i in (1..v.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+        v
+    }
+}
+
+/// `len` bytes that differ for every `tag` and every 8-byte word, so a read of the wrong write
+/// or of the wrong place is visible.
+pub fn data(tag: u64, len: usize) -> Vec<u8> {
+    let mut x = tag.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&x.to_le_bytes());
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+    }
+    v.truncate(len);
+    v
+}

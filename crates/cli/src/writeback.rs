@@ -1,0 +1,438 @@
+//! Commands that move dirty data: `flush` (write it all back now), `detach` (flush, then hand
+//! the backing device back as a plain disk), `recover` (write back the dirty data of a cache
+//! whose daemon is gone or will not start, offline) and `set-mode`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ssdcache_device::{identity, BlockDevice};
+use ssdcache_engine::{Cache, CleanerConfig, OpenReport};
+use ssdcache_format::{CacheMode, Superblock};
+
+use crate::control;
+use crate::devices::open_device;
+use crate::size::human;
+use crate::ModeArg;
+
+#[derive(Args)]
+pub struct FlushArgs {
+    /// Cache device or file
+    #[arg(long, value_name = "PATH")]
+    cache: PathBuf,
+    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+    /// Where a volume's backing device is now, when flushing offline (repeatable)
+    #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
+    backing: Vec<(String, PathBuf)>,
+}
+
+#[derive(Args)]
+pub struct DetachArgs {
+    /// Cache device or file (the daemon must be stopped)
+    #[arg(long, value_name = "PATH")]
+    cache: PathBuf,
+    /// Where a volume's backing device is now, if it moved (repeatable)
+    #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
+    backing: Vec<(String, PathBuf)>,
+}
+
+#[derive(Args)]
+pub struct RecoverArgs {
+    /// Cache device or file holding the dirty data
+    #[arg(long, value_name = "PATH")]
+    cache: PathBuf,
+    /// Device or file to write the dirty data onto (the volume's backing device, or a
+    /// replacement with --force)
+    #[arg(long, value_name = "PATH")]
+    backing: PathBuf,
+    /// Volume whose data to write [default: the cache's first volume]
+    #[arg(long, value_name = "NAME")]
+    volume: Option<String>,
+    /// Write even though --backing is not the device recorded at create (a replacement disk
+    /// that holds a copy of the old one)
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+pub struct SetModeArgs {
+    /// Cache device or file
+    #[arg(long, value_name = "PATH")]
+    cache: PathBuf,
+    /// The new caching mode
+    #[arg(long, value_enum)]
+    mode: ModeArg,
+    /// Volume to change [default: the cache's first volume]
+    #[arg(long, value_name = "NAME")]
+    volume: Option<String>,
+    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+}
+
+/// Set by SIGINT/SIGTERM so a long write-back stops between batches, keeping its progress.
+fn interrupt_flag() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, flag.clone()).context("cannot install signal handler")?;
+    }
+    Ok(flag)
+}
+
+/// Shows bytes left, rate and ETA: a bar on a terminal, a line every few seconds otherwise.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: u64,
+    started: Instant,
+    last_line: Instant,
+    what: &'static str,
+}
+
+impl Progress {
+    fn new(total: u64, what: &'static str) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:40}] {bytes}/{total_bytes} written back, {bytes_per_sec}, ETA {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar.set_message(what);
+            bar
+        });
+        eprintln!("{what}: {} of dirty data to write back", human(total));
+        Progress {
+            bar,
+            total,
+            started: Instant::now(),
+            last_line: Instant::now(),
+            what,
+        }
+    }
+
+    fn update(&mut self, left: u64) {
+        let done = self.total.saturating_sub(left);
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+            return;
+        }
+        if self.last_line.elapsed() >= Duration::from_secs(2) {
+            self.last_line = Instant::now();
+            let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+            let rate = done as f64 / secs;
+            let eta = if rate > 0.0 {
+                format!("{:.0} s", left as f64 / rate)
+            } else {
+                "unknown".into()
+            };
+            eprintln!(
+                "{}: {} left, {}/s, ETA {eta}",
+                self.what,
+                human(left),
+                human(rate as u64)
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn read_sb(path: &Path) -> Result<Superblock> {
+    let dev = open_device(path, "cache", false, false)?;
+    Ok(ssdcache_engine::read_superblock(&*dev)?)
+}
+
+fn daemon_path(sb: &Superblock, given: &Option<PathBuf>) -> PathBuf {
+    given
+        .clone()
+        .unwrap_or_else(|| control::default_path(&sb.cache_uuid))
+}
+
+fn dirty_of(stats: &serde_json::Value) -> u64 {
+    stats["volumes"]
+        .as_array()
+        .map(|vs| vs.iter().filter_map(|v| v["dirty_bytes"].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// Opens a cache offline, every backing device checked as `serve` checks it.
+fn open_offline(
+    cache_path: &Path,
+    overrides: &[(String, PathBuf)],
+) -> Result<(Arc<Cache>, OpenReport)> {
+    let dev = open_device(cache_path, "cache", true, true)?;
+    let sb = ssdcache_engine::read_superblock(&*dev)
+        .with_context(|| format!("cannot use cache {}", cache_path.display()))?;
+    let overrides = overrides.iter().cloned().collect();
+    let dirty = crate::serve::dirty_per_volume(&*dev, &sb);
+    let backings = sb
+        .volumes
+        .iter()
+        .zip(&dirty)
+        .map(|(v, d)| crate::serve::open_backing(v, &overrides, *d))
+        .collect::<Result<Vec<_>>>()?;
+    let (cache, report) = Cache::open(dev, sb, backings)
+        .with_context(|| format!("cannot open cache {}", cache_path.display()))?;
+    Ok((Arc::new(cache), report))
+}
+
+/// Writes back every dirty line in this process, with progress; returns false when
+/// interrupted (what was written back stays clean).
+fn drain_here(cache: &Cache, what: &'static str) -> Result<bool> {
+    let stop = interrupt_flag()?;
+    let total = cache.dirty_bytes();
+    if total == 0 {
+        return Ok(true);
+    }
+    let mut progress = Progress::new(total, what);
+    let result = cache.drain(&CleanerConfig::default(), &mut |left| {
+        progress.update(left);
+        !stop.load(Ordering::Relaxed)
+    });
+    progress.finish();
+    result.context("write-back failed")?;
+    Ok(cache.dirty_bytes() == 0)
+}
+
+fn interrupted(left: u64, again: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "interrupted with {} still dirty; what was written back stays clean: run `{again}` again to resume",
+        human(left)
+    )
+}
+
+pub fn flush(args: FlushArgs) -> Result<()> {
+    let sb = read_sb(&args.cache)?;
+    let ctl = daemon_path(&sb, &args.control);
+    if let Some(first) = control::query(&ctl, "flush")? {
+        return flush_online(&ctl, dirty_of(&first));
+    }
+    let (cache, _) = open_offline(&args.cache, &args.backing)?;
+    let done = drain_here(&cache, "flush")?;
+    let left = cache.dirty_bytes();
+    cache.shutdown().context("cannot close the cache")?;
+    if !done {
+        return Err(interrupted(left, "ssdcache flush"));
+    }
+    eprintln!("flush: done, no dirty data left (offline)");
+    Ok(())
+}
+
+/// Asks the daemon's cleaner to write everything back and follows its progress.
+fn flush_online(ctl: &Path, initial: u64) -> Result<()> {
+    let stop = interrupt_flag()?;
+    let mut progress = Progress::new(initial, "flush");
+    let started = Instant::now();
+    loop {
+        let stats = control::query(ctl, "stats")?
+            .ok_or_else(|| anyhow::anyhow!("the daemon went away during the flush"))?;
+        let left = dirty_of(&stats);
+        progress.update(left);
+        if left == 0 {
+            break;
+        }
+        if stop.load(Ordering::Relaxed) {
+            progress.finish();
+            control::query(ctl, "flush-stop")?;
+            return Err(interrupted(left, "ssdcache flush"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Record the clean state durably before reporting success.
+    control::query(ctl, "commit")?;
+    progress.finish();
+    eprintln!(
+        "flush: done in {:.1} s, no dirty data left",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+pub fn detach(args: DetachArgs) -> Result<()> {
+    let sb = read_sb(&args.cache)?;
+    if control::query(&daemon_path(&sb, &None), "info")?.is_some() {
+        bail!(
+            "a daemon is serving {}; stop it first (SIGTERM lets in-flight requests finish), then \
+             run `ssdcache detach` again",
+            args.cache.display()
+        );
+    }
+    let (cache, _) = open_offline(&args.cache, &args.backing)?;
+    if !drain_here(&cache, "detach")? {
+        let left = cache.dirty_bytes();
+        cache.shutdown()?;
+        return Err(interrupted(left, "ssdcache detach"));
+    }
+    cache
+        .shutdown_discarding()
+        .context("cannot mark the cache empty")?;
+    for v in &sb.volumes {
+        eprintln!(
+            "detach: volume '{}': {} holds all of its data and can be used without ssdcache \
+             (mount it directly); the cache is now empty, so serving it again starts cold",
+            v.name, v.backing.path
+        );
+    }
+    Ok(())
+}
+
+pub fn recover(args: RecoverArgs) -> Result<()> {
+    let dev = open_device(&args.cache, "cache", true, true)?;
+    let sb = ssdcache_engine::read_superblock(&*dev)
+        .with_context(|| format!("cannot use cache {}", args.cache.display()))?;
+    let target = match &args.volume {
+        Some(name) => sb
+            .volumes
+            .iter()
+            .position(|v| &v.name == name)
+            .ok_or_else(|| anyhow::anyhow!("the cache has no volume '{name}'"))?,
+        None => 0,
+    };
+    let mut backings = Vec::new();
+    for (i, v) in sb.volumes.iter().enumerate() {
+        if i != target {
+            backings.push(crate::serve::open_backing(
+                v,
+                &Default::default(),
+                v.dirty_bytes,
+            )?);
+            continue;
+        }
+        let b = open_device(&args.backing, "backing device", true, true)?;
+        let found = identity::probe(&args.backing, b.size())
+            .with_context(|| format!("cannot identify {}", args.backing.display()))?;
+        if let Some(why) = identity::mismatch(&v.backing, &found) {
+            if !args.force || b.size() < v.backing.size {
+                bail!(
+                    "{} is not the backing device of volume '{}' ({why}); writing its dirty data \
+                     there would corrupt it. If it is a replacement holding a copy of the old \
+                     device (at least {} bytes), add --force",
+                    args.backing.display(),
+                    v.name,
+                    v.backing.size
+                );
+            }
+            eprintln!(
+                "recover: --force: writing onto {} although {why}",
+                args.backing.display()
+            );
+        }
+        backings.push(b as Arc<dyn BlockDevice>);
+    }
+    let began = Instant::now();
+    let (cache, report) = Cache::open(dev, sb, backings)
+        .with_context(|| format!("cannot read the metadata of {}", args.cache.display()))?;
+    let dirty = cache.dirty_bytes();
+    let lines = cache.dirty_lines();
+    if let Some(r) = &report.recovery {
+        eprintln!(
+            "recover: journal replayed: {} commits, {} dirty lines ({}) in {} ms",
+            r.commits,
+            r.dirty_lines,
+            human(r.dirty_bytes),
+            r.millis
+        );
+    }
+    let done = drain_here(&cache, "recover")?;
+    if !done {
+        let left = cache.dirty_bytes();
+        cache.shutdown()?;
+        return Err(interrupted(left, "ssdcache recover"));
+    }
+    cache.shutdown_discarding()?;
+    println!(
+        "recover: wrote {} of dirty data ({} lines) onto {} in {:.1} s; it now holds all data, \
+         and the cache is empty",
+        human(dirty),
+        lines,
+        args.backing.display(),
+        began.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+pub fn set_mode(args: SetModeArgs) -> Result<()> {
+    let sb = read_sb(&args.cache)?;
+    let name = match &args.volume {
+        Some(n) => n.clone(),
+        None => sb
+            .volumes
+            .first()
+            .map(|v| v.name.clone())
+            .ok_or_else(|| anyhow::anyhow!("the cache has no volume"))?,
+    };
+    let index = sb
+        .volumes
+        .iter()
+        .position(|v| v.name == name)
+        .ok_or_else(|| anyhow::anyhow!("the cache has no volume '{name}'"))?;
+    let mode = args.mode.mode();
+    let ctl = daemon_path(&sb, &args.control);
+    let request = format!("set-mode {name} {}", mode.name());
+    if let Some(first) = control::query(&ctl, &request)? {
+        if first["done"].as_bool() != Some(true) {
+            flush_online(&ctl, dirty_of(&first))?;
+            let last = control::query(&ctl, &request)?
+                .ok_or_else(|| anyhow::anyhow!("the daemon went away"))?;
+            if last["done"].as_bool() != Some(true) {
+                bail!("the daemon did not switch the mode: {last}");
+            }
+        }
+        eprintln!("set-mode: volume '{name}' is now {mode}");
+        return Ok(());
+    }
+    let (cache, _) = open_offline(&args.cache, &[])?;
+    let stop = interrupt_flag()?;
+    let mut progress = Progress::new(cache.dirty_bytes(), "set-mode");
+    let result = cache.set_mode(index, mode, &CleanerConfig::default(), &mut |left| {
+        progress.update(left);
+        !stop.load(Ordering::Relaxed)
+    });
+    progress.finish();
+    let persisted = cache.shutdown();
+    result?;
+    persisted?;
+    eprintln!("set-mode: volume '{name}' is now {mode}");
+    Ok(())
+}
+
+/// The daemon's side of `set-mode`: switches at once when no dirty data must be written back
+/// first; otherwise stops new dirty data (writes go through) and starts writing back, and the
+/// client asks again when the dirty data is gone.
+pub fn set_mode_online(cache: &Cache, name: &str, mode: &str) -> Result<serde_json::Value> {
+    let mode = match mode {
+        "write-back" => CacheMode::WriteBack,
+        "write-through" => CacheMode::WriteThrough,
+        "write-around" => CacheMode::WriteAround,
+        "pass-through" => CacheMode::PassThrough,
+        other => bail!("unknown mode {other:?}"),
+    };
+    let index = cache
+        .volumes()
+        .iter()
+        .position(|v| v.name() == name)
+        .ok_or_else(|| anyhow::anyhow!("no volume '{name}'"))?;
+    let vol = &cache.volumes()[index];
+    let leaving_wb = vol.configured_mode() == CacheMode::WriteBack && mode != CacheMode::WriteBack;
+    let dirty = vol.stats().dirty_bytes;
+    if leaving_wb && dirty > 0 {
+        cache.hold_writes_through(index);
+        cache.request_drain(true);
+        return Ok(serde_json::json!({ "done": false, "volumes": [{ "dirty_bytes": dirty }] }));
+    }
+    cache.set_mode(index, mode, &CleanerConfig::default(), &mut |_| true)?;
+    cache.persist_config()?;
+    tracing::info!("volume '{name}' is now {mode}");
+    Ok(serde_json::json!({ "done": true }))
+}
