@@ -565,16 +565,24 @@ impl Volume {
     /// used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
     fn read_missing_partial_line(&self, seg: &Segment, buf: &mut [u8]) -> Result<()> {
         let whole = self.whole_line(seg.line);
-        LINE_SCRATCH.with(|scratch| {
+        let filled = LINE_SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             scratch.resize_discarding(whole.len);
             self.read_backing(&mut scratch, whole.offset)?;
-            self.overlay_cached(whole.offset, &mut scratch)?;
+            if self.overlay_cached(whole.offset, &mut scratch).is_err() {
+                // Dirty data elsewhere in the line is unreadable: serve just the request.
+                return Ok(false);
+            }
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
             self.fill(&whole, &scratch);
-            Ok(())
-        })
+            Ok::<bool, EngineError>(true)
+        })?;
+        if !filled {
+            self.read_backing(buf, seg.offset)?;
+            self.overlay_cached(seg.offset, buf)?;
+        }
+        Ok(())
     }
 
     /// The segment covering all of `line` (the last line of a volume may be short).
@@ -665,11 +673,54 @@ impl Volume {
                 self.write_back(offset, data)?;
                 drop(held);
                 if fua {
-                    self.core.commit()?;
+                    self.commit()?;
                 }
                 Ok(())
             }
-            _ => self.write_around(offset, data, fua),
+            _ => {
+                self.write_around(offset, data, fua)?;
+                drop(held);
+                if fua && self.dirty_possible() {
+                    // The write may have superseded dirty data: the journal must say so before
+                    // the write counts as durable, or recovery would bring the old data back.
+                    self.commit()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn dirty_possible(&self) -> bool {
+        self.configured_mode() == CacheMode::WriteBack || {
+            let map = self.core.map();
+            map.total_dirty_lines() > 0 || map.changes_pending() > 0
+        }
+    }
+
+    /// Commits the journal. After a failed commit the dirty data in the cache may not be
+    /// durable: every flush fails while any of it is left, and the volume stops caching new
+    /// writes (they go to the backing device) until the cleaner has written it all back.
+    fn commit(&self) -> Result<()> {
+        if self.core.commit_failed.load(Ordering::Acquire) && self.has_dirty() {
+            return Err(EngineError::CacheDevice {
+                device: self.core.dev.describe(),
+                source: std::io::Error::other(
+                    "an earlier metadata commit failed; dirty data in the cache may not be \
+                     durable until it is written back",
+                ),
+            });
+        }
+        match self.core.commit() {
+            Ok(()) => {
+                self.core.commit_failed.store(false, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                if let EngineError::CacheDevice { source, .. } = &e {
+                    self.cache_failed(std::io::Error::new(source.kind(), source.to_string()));
+                }
+                Err(e)
+            }
         }
     }
 
@@ -739,7 +790,7 @@ impl Volume {
         }
         if self.core.map().changes_pending() >= COMMIT_BATCH {
             // Bounds the records waiting for a commit (and the journal work of the next one).
-            self.core.commit()?;
+            self.commit()?;
         }
         Ok(())
     }
@@ -749,20 +800,8 @@ impl Volume {
     pub fn flush(&self) -> Result<()> {
         self.count(Counter::Flushes, 1);
         self.flush_backing()?;
-        let dirty_possible = self.configured_mode() == CacheMode::WriteBack || {
-            let map = self.core.map();
-            map.total_dirty_lines() > 0 || map.changes_pending() > 0
-        };
-        if dirty_possible {
-            if self.core.commit_failed.load(Ordering::Acquire) && self.has_dirty() {
-                return Err(EngineError::CacheDevice {
-                    device: self.core.dev.describe(),
-                    source: std::io::Error::other(
-                        "an earlier metadata commit failed; dirty data in the cache may not be durable",
-                    ),
-                });
-            }
-            self.core.commit()?;
+        if self.dirty_possible() {
+            self.commit()?;
         }
         Ok(())
     }
