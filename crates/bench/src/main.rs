@@ -64,6 +64,9 @@ enum Command {
         /// Cleaner writes in flight
         #[arg(long, default_value_t = 32)]
         depth: usize,
+        /// Dirty lines the cleaner plans per batch [default: the cleaner's default]
+        #[arg(long)]
+        batch_lines: Option<usize>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
@@ -93,8 +96,10 @@ fn main() -> Result<()> {
             region_offset,
             naive_sample,
             depth,
+            batch_lines,
             seed,
         } => destage(&DestageArgs {
+            batch_lines,
             cache,
             cache_size,
             backing,
@@ -127,6 +132,7 @@ struct DestageArgs {
     region_offset: u64,
     naive_sample: usize,
     depth: usize,
+    batch_lines: Option<usize>,
     seed: u64,
 }
 
@@ -276,9 +282,11 @@ fn destage(a: &DestageArgs) -> Result<()> {
         bail!("the cache was too small: {around} bytes went around it; use a bigger --cache-size");
     }
     recording.clear();
+    let defaults = CleanerConfig::default();
     let cfg = CleanerConfig {
         max_in_flight: a.depth,
-        ..CleanerConfig::default()
+        batch_lines: a.batch_lines.unwrap_or(defaults.batch_lines),
+        ..defaults
     };
     let t1 = Instant::now();
     cache.drain(&cfg, &mut |_| true)?;
@@ -302,6 +310,7 @@ fn destage(a: &DestageArgs) -> Result<()> {
         "backing_size": a.backing_size,
         "cache_size": a.cache_size,
         "depth": a.depth,
+        "batch_lines": cfg.batch_lines,
         "load_secs": load_secs,
         "dirty_bytes": dirty_bytes,
         "dirty_lines": dirty_lines,
