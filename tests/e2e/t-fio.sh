@@ -38,7 +38,7 @@ $(jq -c '[.jobs[] | {jobname, error, w: .write.io_bytes, r: .read.io_bytes}]' "$
 
 M=$((1024 * 1024))
 DONE=0
-for mode in write-through write-around pass-through; do
+for mode in write-back write-through write-around pass-through; do
     mk_sparse "backing-$mode.img" 512M
     mk_sparse "cache-$mode.img" 128M
     create_cache "cache-$mode.img" "backing-$mode.img" --name "vol-$mode" --mode "$mode"
@@ -84,5 +84,5 @@ for mode in write-through write-around pass-through; do
     stop_server
     DONE=$((DONE + 1))
 done
-assert_eq "$DONE" 3 "modes completed"
+assert_eq "$DONE" 4 "modes completed"
 log "ok"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per mode (write-through, write-around, pass-through): overwrites of cached data are never stale
+# Per mode (write-back, write-through, write-around, pass-through): overwrites of cached data are never stale
 # (partial-line and multi-line overwrites, trim, write-zeroes, FUA), mode semantics show in the
 # stats (write-around writes do not fill the cache; pass-through never uses it), and 4 connections
 # writing interleaved 4 KiB sectors of the same 64 KiB lines at once lose no update.
@@ -9,7 +9,7 @@ require_bin
 K=1024; M=$((1024 * 1024))
 
 DONE=0
-for mode in write-through write-around pass-through; do
+for mode in write-back write-through write-around pass-through; do
     mk_sparse "b-$mode.img" 512M
     mk_sparse "c-$mode.img" 64M
     create_cache "c-$mode.img" "b-$mode.img" --name vol --mode "$mode"
@@ -58,7 +58,7 @@ for mode in write-through write-around pass-through; do
     st=$(stats_json "c-$mode.img")
     occ3=$(vol_field "$st" vol occupancy_bytes)
     case $mode in
-        write-through) assert_gt "$occ3" "$occ2" "$mode: occupancy after writing 4 MiB of new data" ;;
+        write-through | write-back) assert_gt "$occ3" "$occ2" "$mode: occupancy after writing 4 MiB of new data" ;;
         write-around | pass-through) assert_eq "$occ3" "$occ2" "$mode: occupancy after writing 4 MiB of new data" ;;
     esac
     [[ $mode != pass-through ]] || assert_eq "$(vol_field "$st" vol bytes_to_cache)" 0 "$mode: bytes_to_cache"
@@ -110,5 +110,5 @@ for mode in write-through write-around pass-through; do
     log "$mode: ok after restart"
     DONE=$((DONE + 1))
 done
-assert_eq "$DONE" 3 "modes completed"
+assert_eq "$DONE" 4 "modes completed"
 log "ok"
