@@ -31,7 +31,7 @@ pub struct CrashDevice {
     flushes: AtomicU64,
 }
 
-/// A device image in 64 KiB copy-on-write chunks: cloning it is cheap and only chunks written
+/// A device image in 4 KiB copy-on-write chunks: cloning it is cheap and only chunks written
 /// afterwards are copied, so a test can take thousands of crash images of a device whose
 /// bytes are mostly untouched.
 #[derive(Clone)]
@@ -40,7 +40,7 @@ struct Image {
     len: usize,
 }
 
-const CHUNK: usize = 64 << 10;
+const CHUNK: usize = 4 << 10;
 
 impl Image {
     fn from_vec(bytes: Vec<u8>) -> Image {

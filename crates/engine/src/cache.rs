@@ -384,9 +384,7 @@ impl Cache {
             return Err(format_err("one backing device per volume is needed"));
         }
         let layout = sb.layout;
-        if has_dirty_modes(&sb)
-            && layout.journal_blocks() < 2 * layout.compaction_blocks() + 1
-        {
+        if has_dirty_modes(&sb) && layout.journal_blocks() < 2 * layout.compaction_blocks() + 1 {
             return Err(format_err(format!(
                 "{}: this cache's journal ({} blocks) is too small for write-back (made by an \
                  early development build); re-create the cache with `ssdcache create --force`",
