@@ -81,6 +81,7 @@ fn answer(conn: UnixStream, cache: &Cache, cache_path: &Path) -> Result<()> {
         }
         ["flush-stop"] => {
             cache.request_drain(false);
+            cache.release_held_modes();
             serde_json::json!({ "ok": true })
         }
         ["commit"] => match cache.commit() {

@@ -76,6 +76,9 @@ pub struct SetModeArgs {
     control: Option<PathBuf>,
 }
 
+/// An online flush that writes nothing back for this long gives up (device errors).
+const STUCK_AFTER: Duration = Duration::from_secs(120);
+
 /// Set by SIGINT/SIGTERM so a long write-back stops between batches, keeping its progress.
 fn interrupt_flag() -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
@@ -234,6 +237,7 @@ fn flush_online(ctl: &Path, initial: u64) -> Result<()> {
     let stop = interrupt_flag()?;
     let mut progress = Progress::new(initial, "flush");
     let started = Instant::now();
+    let (mut best, mut last_progress) = (u64::MAX, Instant::now());
     loop {
         let stats = control::query(ctl, "stats")?
             .ok_or_else(|| anyhow::anyhow!("the daemon went away during the flush"))?;
@@ -242,9 +246,21 @@ fn flush_online(ctl: &Path, initial: u64) -> Result<()> {
         if left == 0 {
             break;
         }
-        if stop.load(Ordering::Relaxed) {
+        if left < best {
+            (best, last_progress) = (left, Instant::now());
+        }
+        let stuck = last_progress.elapsed() >= STUCK_AFTER;
+        if stop.load(Ordering::Relaxed) || stuck {
             progress.finish();
             control::query(ctl, "flush-stop")?;
+            if stuck {
+                bail!(
+                    "no progress for {} s with {} still dirty: the daemon cannot write it back \
+                     (see its log for device errors)",
+                    STUCK_AFTER.as_secs(),
+                    human(left)
+                );
+            }
             return Err(interrupted(left, "ssdcache flush"));
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -415,6 +415,16 @@ impl Cache {
         }
     }
 
+    /// Undoes `hold_writes_through` for volumes whose mode change was abandoned: they serve
+    /// writes in write-back again.
+    pub fn release_held_modes(&self) {
+        for v in self.volumes() {
+            if v.configured_mode() == CacheMode::WriteBack && v.mode() == CacheMode::WriteThrough {
+                v.set_serving_mode(CacheMode::WriteBack);
+            }
+        }
+    }
+
     /// Changes a volume's mode. Leaving write-back first stops new dirty data (writes go
     /// through), then writes every dirty line back, reporting progress, then switches.
     pub fn set_mode(
