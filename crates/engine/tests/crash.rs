@@ -21,7 +21,7 @@ use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 const SECTOR: u64 = 4096;
 const CACHE: u64 = 16 << 20;
 const BACKING: u64 = 24 << 20;
-const LINE: u64 = 64 << 10;
+const LINE: u64 = 16 << 10;
 /// The workload writes every 4th sector of the backing device: all lines are touched, more
 /// than fit in the cache, so lines are evicted and the cache fills with dirty data.
 const STRIDE: u64 = 4;
