@@ -1,9 +1,10 @@
 # bench/hdd.sh: section 2 of bench/run (sourced by it, not run on its own).
 #
 # The cache in front of a hard drive: the HDD model raw, nbdkit's cache filter
-# over it, ssdcache --emulate-hdd in each mode. Uses from bench/run: $BIN $T
-# $RES $BACKING (first $WORKING_SET_MIB MiB written), run/note_cmd_once,
-# wait_socket, stop_pid, forget_pid, STARTED_PIDS, log, die, $QUICK.
+# over it, ssdcache --emulate-hdd in each mode (write-back included). Uses from
+# bench/run: $BIN $T $RES $BACKING (first $WORKING_SET_MIB MiB written),
+# run/note_cmd_once, discard_cache, wait_socket, stop_pid, forget_pid,
+# STARTED_PIDS, log, die, $QUICK, PCT_LIST, ZIPF_ARGS.
 #
 # Results: $RES/hdd/CELL.fio.json + CELL.meta.json per measurement, the trace
 # iolog, the warm-up curve samples, env.json.
@@ -19,18 +20,19 @@ SEQ_CAP=10                              # sequential cells: one pass over the wo
 TRACE_FILE=${TRACE_FILE:-/work/shared/traces/mqsim/tpcc-small.trace}
 if [ "$QUICK" = 1 ]; then
     TRACE_N=400 TRACE_CAP=4 CURVE_S=6
-    TARGETS=(hdd nbdkit ssd-wt)
+    TARGETS=(hdd nbdkit ssd-wt ssd-wb)
 else
     TRACE_N=2000 TRACE_CAP=12 CURVE_S=30
-    TARGETS=(hdd nbdkit ssd-wt ssd-wa ssd-pt)
+    TARGETS=(hdd nbdkit ssd-wt ssd-wb ssd-wa ssd-pt)
 fi
-WORKLOADS=(db zipf seqread seqwrite)
-# Cells skipped in --quick (a CI smoke run): everything but the database model
-# inside the cache (cold, warm) and cold sequential reads of the large set.
+# randwrite last: in a warm run it follows the others, whose cells it would otherwise change.
+WORKLOADS=(db zipf seqread seqwrite randwrite)
+# Cells skipped in --quick (a CI smoke run): everything but the database model and
+# random writes inside the cache (cold, warm) and cold sequential reads of the large set.
 quick_skip() { # workload ws state
     [ "$QUICK" = 1 ] || return 1
     case "$1/$2/$3" in
-        db/in/*|seqread/out/cold|seqread/out/any) return 1 ;;
+        db/in/*|randwrite/in/*|seqread/out/cold|seqread/out/any) return 1 ;;
     esac
     return 0
 }
@@ -58,7 +60,7 @@ EOF
 run python3 "$BENCH/trace2iolog.py" "$TRACE_FILE" --requests "$TRACE_N" \
     --region $((WS_OUT_MIB << 20)) --out "$HRES/trace.iolog" --summary "$HRES/trace.json"
 
-TPID="" HPID="" TURI=""
+TPID="" HPID="" TURI="" TCUR=""
 start_hdd() {
     rm -f "$HDD_SOCK"
     local args=(hdd-emulator --file "$BACKING" --socket "$HDD_SOCK")
@@ -68,7 +70,8 @@ start_hdd() {
     STARTED_PIDS+=("$HPID")
     wait_socket "$HPID" "$HDD_SOCK" || { tail -20 "$T/hdd-emulator.log" >&2; die "hdd-emulator did not start"; }
 }
-start_target() { # hdd | nbdkit | ssd-wt | ssd-wa | ssd-pt   (always cold: fresh cache)
+start_target() { # hdd | nbdkit | ssd-wt | ssd-wb | ssd-wa | ssd-pt   (always cold: fresh cache)
+    TCUR=$1
     case "$1" in
         hdd)
             start_hdd; TPID=$HPID; TURI=$HDD_URI ;;
@@ -86,7 +89,10 @@ start_target() { # hdd | nbdkit | ssd-wt | ssd-wa | ssd-pt   (always cold: fresh
             TURI="nbd+unix:///?socket=$NK_SOCK" ;;
         ssd-*)
             local mode
-            case "$1" in ssd-wt) mode=write-through ;; ssd-wa) mode=write-around ;; ssd-pt) mode=pass-through ;; esac
+            case "$1" in
+                ssd-wt) mode=write-through ;; ssd-wb) mode=write-back ;;
+                ssd-wa) mode=write-around ;; ssd-pt) mode=pass-through ;;
+            esac
             note_cmd_once "$BIN" create --cache "$HDD_CACHE" --backing "$BACKING" --mode "$mode" --name hdd --force
             "$BIN" create --cache "$HDD_CACHE" --backing "$BACKING" --mode "$mode" --name hdd --force >/dev/null ||
                 die "ssdcache create failed"
@@ -103,21 +109,23 @@ start_target() { # hdd | nbdkit | ssd-wt | ssd-wa | ssd-pt   (always cold: fresh
 stop_target() {
     local p
     for p in $TPID $HPID; do stop_pid "$p"; forget_pid "$p"; done
-    TPID="" HPID=""
+    # write-back: the stopped cache still holds dirty data; the next cell starts from a fresh one
+    [ "$TCUR" != ssd-wb ] || discard_cache "$HDD_CACHE"
+    TPID="" HPID="" TCUR=""
 }
 sc_stats() { "$BIN" stats --cache "$HDD_CACHE" --control "$SC_CTL" --json 2>/dev/null || echo ""; }
 
-PCT_LIST=1:5:10:20:30:40:50:60:70:75:80:85:90:95:97:98:99:99.5:99.9:99.95:99.99
 wl_args() { # workload ws_mib
     local common=(--ioengine=nbd "--uri=$TURI" --offset=0 "--size=$2m" --output-format=json)
     case "$1" in
         db) echo --name=db --rw=randrw --rwmixread=75 --bs=4k --iodepth=64 --numjobs=1 --norandommap \
                  --time_based --runtime="$HDD_RUNTIME" --ramp_time="$HDD_RAMP" --percentile_list=$PCT_LIST "${common[@]}" ;;
-        zipf) echo --name=zipf --rw=randrw --rwmixread=90 --bs=4k --random_distribution=zipf:1.2 --norandommap \
-                 --iodepth=8 --numjobs=4 --group_reporting \
+        zipf) echo --name=zipf "${ZIPF_ARGS[@]}" \
                  --time_based --runtime="$HDD_RUNTIME" --ramp_time="$HDD_RAMP" --percentile_list=$PCT_LIST "${common[@]}" ;;
         seqread) echo --name=seqread --rw=read --bs=1m --iodepth=8 --runtime="$SEQ_CAP" "${common[@]}" ;;
         seqwrite) echo --name=seqwrite --rw=write --bs=1m --iodepth=8 --runtime="$SEQ_CAP" "${common[@]}" ;;
+        randwrite) echo --name=randwrite --rw=randwrite --bs=4k --iodepth=32 --numjobs=1 --norandommap \
+                 --time_based --runtime="$HDD_RUNTIME" --ramp_time="$HDD_RAMP" --percentile_list=$PCT_LIST "${common[@]}" ;;
     esac
 }
 warmup() { # target ws_mib out.json: fill the cache with the working set
@@ -162,6 +170,9 @@ if s0 and s1:
             m["d_" + k] = v - v0[k]
     r = m.get("d_reads", 0)
     m["hit_ratio"] = m.get("d_read_hits", 0) / r if r else None
+    for k in ("dirty_bytes", "occupancy_bytes"):  # levels at the end (write-back: dirty left)
+        if k in v1:
+            m["end_" + k] = v1[k]
 json.dump(m, open(path, "w"))
 EOF
     python3 - "$out" "$HRES/$cell.meta.json" <<'EOF' >&2

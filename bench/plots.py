@@ -19,6 +19,7 @@ COLORS = {
     "hdd": "#555555",
     "nbdkit": "#d95f02",
     "ssd-wt": "#1b9e77",
+    "ssd-wb": "#66a61e",
     "ssd-wa": "#7570b3",
     "ssd-pt": "#e7298a",
 }
@@ -26,6 +27,7 @@ LABELS = {
     "hdd": "raw HDD model",
     "nbdkit": "nbdkit --filter=cache",
     "ssd-wt": "ssdcache write-through",
+    "ssd-wb": "ssdcache write-back",
     "ssd-wa": "ssdcache write-around",
     "ssd-pt": "ssdcache pass-through",
 }
@@ -157,7 +159,7 @@ def warmup_plot(hres, out):
 
 def cdf_plot(hres, out):
     series = []
-    for t in ("hdd", "nbdkit", "ssd-wt", "ssd-wa", "ssd-pt"):
+    for t in ("hdd", "nbdkit", "ssd-wt", "ssd-wb", "ssd-wa", "ssd-pt"):
         for state in ("warm", "any"):
             p = os.path.join(hres, f"{t}.db.in.{state}.fio.json")
             if os.path.exists(p):
