@@ -4,8 +4,13 @@
 //! evicted lines (ghosts) keep them in tables of fixed size allocated at construction. Nothing
 //! allocates per request.
 
+mod clock;
+mod fifo;
+mod list;
 mod lru;
 
+pub use clock::Clock;
+pub use fifo::Fifo;
 pub use lru::Lru;
 
 /// What the engine tells a policy and asks of it. Every call happens under the engine's map
@@ -42,10 +47,12 @@ pub trait ReplacementPolicy: Send {
 }
 
 /// Builds the policy stored in a volume's configuration, for a cache of `slots` slots. Ids
-/// are stored on disk, so they never change: 0 lru.
+/// are stored on disk, so they never change: 0 lru, 1 fifo, 2 clock.
 pub fn by_id(id: u32, slots: u32) -> Option<Box<dyn ReplacementPolicy>> {
     let p: Box<dyn ReplacementPolicy> = match id {
         0 => Box::new(Lru::new(slots)),
+        1 => Box::new(Fifo::new(slots)),
+        2 => Box::new(Clock::new(slots)),
         _ => return None,
     };
     Some(p)
