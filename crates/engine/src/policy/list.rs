@@ -56,6 +56,11 @@ impl Lists {
         opt(self.oldest[list])
     }
 
+    /// The node just newer than `n` in its list.
+    pub fn newer(&self, n: u32) -> Option<u32> {
+        opt(self.newer[n as usize])
+    }
+
     /// Pushes an unlinked node at the newest end of `list`.
     pub fn push_newest(&mut self, list: usize, n: u32) {
         debug_assert!(!self.contains(n), "node {n} already linked");

@@ -4,11 +4,14 @@
 //! evicted lines (ghosts) keep them in tables of fixed size allocated at construction. Nothing
 //! allocates per request.
 
+mod arc;
 mod clock;
 mod fifo;
+mod ghost;
 mod list;
 mod lru;
 
+pub use arc::ArcPolicy;
 pub use clock::Clock;
 pub use fifo::Fifo;
 pub use lru::Lru;
@@ -47,12 +50,13 @@ pub trait ReplacementPolicy: Send {
 }
 
 /// Builds the policy stored in a volume's configuration, for a cache of `slots` slots. Ids
-/// are stored on disk, so they never change: 0 lru, 1 fifo, 2 clock.
+/// are stored on disk, so they never change: 0 lru, 1 fifo, 2 clock, 3 arc.
 pub fn by_id(id: u32, slots: u32) -> Option<Box<dyn ReplacementPolicy>> {
     let p: Box<dyn ReplacementPolicy> = match id {
         0 => Box::new(Lru::new(slots)),
         1 => Box::new(Fifo::new(slots)),
         2 => Box::new(Clock::new(slots)),
+        3 => Box::new(ArcPolicy::new(slots)),
         _ => return None,
     };
     Some(p)
