@@ -10,11 +10,13 @@ mod fifo;
 mod ghost;
 mod list;
 mod lru;
+mod s3fifo;
 
 pub use arc::ArcPolicy;
 pub use clock::Clock;
 pub use fifo::Fifo;
 pub use lru::Lru;
+pub use s3fifo::S3Fifo;
 
 /// What the engine tells a policy and asks of it. Every call happens under the engine's map
 /// lock, so implementations need no locking of their own.
@@ -50,13 +52,15 @@ pub trait ReplacementPolicy: Send {
 }
 
 /// Builds the policy stored in a volume's configuration, for a cache of `slots` slots. Ids
-/// are stored on disk, so they never change: 0 lru, 1 fifo, 2 clock, 3 arc.
+/// are stored on disk, so they never change: 0 lru, 1 fifo, 2 clock, 3 arc, 4 s3fifo, 5 s3fifo-1bit.
 pub fn by_id(id: u32, slots: u32) -> Option<Box<dyn ReplacementPolicy>> {
     let p: Box<dyn ReplacementPolicy> = match id {
         0 => Box::new(Lru::new(slots)),
         1 => Box::new(Fifo::new(slots)),
         2 => Box::new(Clock::new(slots)),
         3 => Box::new(ArcPolicy::new(slots)),
+        4 => Box::new(S3Fifo::new(slots, 2)),
+        5 => Box::new(S3Fifo::new(slots, 1)),
         _ => return None,
     };
     Some(p)
