@@ -110,38 +110,69 @@ impl Lists {
         self.unlink(n);
         self.push_newest(list, n);
     }
+
+    /// Puts the unlinked node `new` where the linked node `old` is, and unlinks `old`.
+    pub fn replace(&mut self, old: u32, new: u32) {
+        let list = self.list_of(old).expect("replace of an unlinked node");
+        debug_assert!(!self.contains(new), "node {new} already linked");
+        let (i, j) = (old as usize, new as usize);
+        let (o, w) = (self.older[i], self.newer[i]);
+        self.older[j] = o;
+        self.newer[j] = w;
+        if o == NIL {
+            self.oldest[list] = new;
+        } else {
+            self.newer[o as usize] = new;
+        }
+        if w == NIL {
+            self.newest[list] = new;
+        } else {
+            self.older[w as usize] = new;
+        }
+        self.owner[j] = list as u8;
+        self.older[i] = NIL;
+        self.newer[i] = NIL;
+        self.owner[i] = NO_LIST;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Takes the nodes of a list out, oldest first.
-    fn drain(l: &mut Lists, list: usize) -> Vec<u32> {
+    fn order(l: &Lists, list: usize) -> Vec<u32> {
         let mut v = Vec::new();
-        while let Some(x) = l.oldest(list) {
-            assert!(l.unlink(x));
+        let mut n = l.oldest(list);
+        while let Some(x) = n {
             v.push(x);
+            n = l.newer(x);
         }
+        assert_eq!(v.len() as u32, l.len(list));
         v
     }
 
     #[test]
-    fn push_unlink_move() {
+    fn push_unlink_move_replace() {
         let mut l = Lists::new(8, 2);
         for n in 0..4 {
             l.push_newest(0, n);
         }
         l.push_newest(1, 4);
+        assert_eq!(order(&l, 0), [0, 1, 2, 3]);
         assert!(l.unlink(1));
         assert!(!l.unlink(1));
-        assert_eq!(l.len(0), 3);
+        assert_eq!(order(&l, 0), [0, 2, 3]);
         l.move_to_newest(0, 0);
+        assert_eq!(order(&l, 0), [2, 3, 0]);
         l.move_to_newest(1, 3);
-        assert_eq!(l.list_of(3), Some(1));
+        assert_eq!(order(&l, 0), [2, 0]);
+        assert_eq!(order(&l, 1), [4, 3]);
+        l.replace(2, 7);
+        assert_eq!(order(&l, 0), [7, 0]);
+        assert_eq!(l.list_of(2), None);
+        assert_eq!(l.list_of(7), Some(0));
+        l.replace(0, 2);
+        assert_eq!(order(&l, 0), [7, 2]);
         assert_eq!(l.list_of(100), None);
-        assert_eq!(drain(&mut l, 0), [2, 0]);
-        assert_eq!(drain(&mut l, 1), [4, 3]);
-        assert_eq!(l.len(0) + l.len(1), 0);
     }
 }

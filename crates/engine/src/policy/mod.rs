@@ -8,6 +8,7 @@ mod arc;
 mod clock;
 mod fifo;
 mod ghost;
+mod lirs;
 mod list;
 mod lru;
 mod s3fifo;
@@ -15,6 +16,7 @@ mod s3fifo;
 pub use arc::ArcPolicy;
 pub use clock::Clock;
 pub use fifo::Fifo;
+pub use lirs::Lirs;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 
@@ -52,7 +54,7 @@ pub trait ReplacementPolicy: Send {
 }
 
 /// Builds the policy stored in a volume's configuration, for a cache of `slots` slots. Ids
-/// are stored on disk, so they never change: 0 lru, 1 fifo, 2 clock, 3 arc, 4 s3fifo, 5 s3fifo-1bit.
+/// are stored on disk, so they never change: 0 lru, 1 fifo, 2 clock, 3 arc, 4 s3fifo, 5 s3fifo-1bit, 6 lirs.
 pub fn by_id(id: u32, slots: u32) -> Option<Box<dyn ReplacementPolicy>> {
     let p: Box<dyn ReplacementPolicy> = match id {
         0 => Box::new(Lru::new(slots)),
@@ -61,6 +63,7 @@ pub fn by_id(id: u32, slots: u32) -> Option<Box<dyn ReplacementPolicy>> {
         3 => Box::new(ArcPolicy::new(slots)),
         4 => Box::new(S3Fifo::new(slots, 2)),
         5 => Box::new(S3Fifo::new(slots, 1)),
+        6 => Box::new(Lirs::new(slots)),
         _ => return None,
     };
     Some(p)
