@@ -210,7 +210,7 @@ impl MapState {
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.map.insert(key, slot);
         self.lines_used[usize::from(volume)] += 1;
-        self.policy.insert(slot);
+        self.policy.insert(slot, key);
         Some(slot)
     }
 
@@ -519,7 +519,7 @@ impl MapState {
         self.keys[slot as usize] = key;
         self.map.insert(key, slot);
         self.lines_used[usize::from(rec.volume)] += 1;
-        self.policy.insert(slot);
+        self.policy.insert(slot, key);
         let (mut valid, mut dirty) = (rec.valid, rec.dirty);
         for s in self.sectors_per_line..256 {
             valid.set(s, false);

@@ -12,6 +12,7 @@ pub struct Lru {
     /// Least recently used end; victims are taken from here.
     tail: u32,
     linked: Vec<bool>,
+    len: u32,
 }
 
 impl Lru {
@@ -23,6 +24,7 @@ impl Lru {
             head: NONE,
             tail: NONE,
             linked: vec![false; n],
+            len: 0,
         }
     }
 
@@ -39,6 +41,7 @@ impl Lru {
             self.prev[n as usize] = p;
         }
         self.linked[s as usize] = false;
+        self.len -= 1;
     }
 
     fn push_head(&mut self, s: u32) {
@@ -52,11 +55,12 @@ impl Lru {
             self.tail = s;
         }
         self.linked[s as usize] = true;
+        self.len += 1;
     }
 }
 
 impl ReplacementPolicy for Lru {
-    fn insert(&mut self, slot: u32) {
+    fn insert(&mut self, slot: u32, _key: u64) {
         if self.linked[slot as usize] {
             self.unlink(slot);
         }
@@ -87,6 +91,10 @@ impl ReplacementPolicy for Lru {
         None
     }
 
+    fn tracked(&self) -> u32 {
+        self.len
+    }
+
     fn name(&self) -> &'static str {
         "lru"
     }
@@ -100,7 +108,7 @@ mod tests {
     fn evicts_least_recent_and_skips_busy() {
         let mut lru = Lru::new(4);
         for s in 0..4 {
-            lru.insert(s);
+            lru.insert(s, u64::from(s));
         }
         lru.touch(0);
         assert_eq!(lru.victim(&mut |_| true), Some(1));
