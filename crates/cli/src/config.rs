@@ -7,7 +7,7 @@
 //! control = "/run/ssdcache/ctl.sock" # control socket for stats/info
 //! threads = 32                       # worker threads per NBD connection
 //! read_only = false                  # export every volume read-only
-//! writeback_high = 50                # write-back: clean at full speed above 50% dirty lines
+//! writeback_high = 50                # write-back: clean every dirty line above 50% dirty lines
 //! writeback_low = 40                 # ... down to 40%
 //! writeback_max_age = 30             # write back dirty data older than 30 s when possible
 //!

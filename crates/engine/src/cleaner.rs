@@ -22,14 +22,14 @@ use crate::volume::Counter;
 /// When and how fast the cleaner writes back. Defaults are in docs/operations.md.
 #[derive(Debug, Clone)]
 pub struct CleanerConfig {
-    /// Share of the cache's lines dirty at which cleaning starts at full speed, whatever
-    /// the clients are doing.
+    /// Share of the cache's lines dirty at which cleaning of every dirty line starts (without
+    /// pauses; at full depth while clients leave the backing device idle).
     pub high_watermark: f64,
     /// Cleaning started by the high watermark goes on until this share is reached.
     pub low_watermark: f64,
     /// Dirty data older than this is written back even below the watermarks.
     pub max_age: Duration,
-    /// Backing writes in flight when the backing device is idle (or above the high watermark).
+    /// Backing writes in flight when the backing device is idle, or during `ssdcache flush`.
     pub max_in_flight: usize,
     /// Backing writes in flight while clients use the backing device.
     pub busy_in_flight: usize,
@@ -342,8 +342,12 @@ impl Cache {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
+            // Clients come first on the backing device: above the watermark the cleaner runs
+            // without pause, but with few writes in flight while clients use the disk (when
+            // the cache is full of dirty data their writes go to the disk too, and would
+            // otherwise queue behind the cleaner's). Only an explicit flush takes it whole.
             let idle = self.core().backing_idle_for() >= cfg.idle_after;
-            let urgent = draining || share >= cfg.high_watermark;
+            let urgent = draining;
             let depth = if urgent || idle {
                 cfg.max_in_flight
             } else {
@@ -362,7 +366,7 @@ impl Cache {
                             oldest_checked = Instant::now() - Duration::from_secs(10);
                         }
                         std::thread::sleep(Duration::from_millis(20));
-                    } else if !urgent && !idle {
+                    } else if !urgent && !idle && !above_high {
                         // Clients are using the backing device: leave it to them between batches.
                         std::thread::sleep(Duration::from_millis(10));
                     }
