@@ -84,6 +84,8 @@ expect_fail_stderr "cache and backing the same file (via a symlink)" 'same' \
     "$SSDCACHE_BIN" create --cache backing-link.img --backing backing.img
 expect_fail_stderr "existing superblock without --force" 'superblock|already|force|exist' \
     "$SSDCACHE_BIN" create --cache cache.img --backing backing.img
+expect_fail_stderr "unknown replacement policy" 'unknown policy.*lru, fifo, clock, arc, s3fifo' \
+    "$SSDCACHE_BIN" create --cache cache.img --backing backing.img --force --policy nope
 truncate -s $((32 * M + 512)) odd-cache.img
 expect_fail_stderr "cache size not a multiple of 4096" '4096|multiple|align|sector' \
     "$SSDCACHE_BIN" create --cache odd-cache.img --backing backing.img

@@ -7,7 +7,7 @@ M=$((1024 * 1024))
 
 mk_sparse backing.img 512M
 mk_sparse cache.img 128M
-create_cache cache.img backing.img --name vol0 --mode write-through --line-size 64KiB
+create_cache cache.img backing.img --name vol0 --mode write-through --line-size 64KiB --policy s3fifo
 
 # info --json: volume name, mode, line size (searched anywhere in the document, any nesting).
 info=$("$SSDCACHE_BIN" info --cache cache.img --json) || fail "info --json failed: $info"
@@ -19,6 +19,7 @@ jq -e '[.. | strings] | index("write-through") != null' >/dev/null <<<"$info" ||
     fail "info --json lacks the mode write-through: $info"
 jq -e '[paths(scalars) as $p | select(($p[-1] | tostring | test("line"; "i")) and ((getpath($p) == 65536) or (getpath($p) | tostring | test("^64 ?KiB$"; "i"))))] | length > 0' >/dev/null <<<"$info" ||
     fail "info --json lacks a line size of 65536: $info"
+assert_eq "$(jq -r '.volumes[0].policy' <<<"$info")" s3fifo "info --json policy (create --policy s3fifo)"
 txt=$("$SSDCACHE_BIN" info --cache cache.img) || fail "info failed: $txt"
 assert_contains "$txt" vol0 "info (text)"
 

@@ -185,6 +185,7 @@ fn write_back_cache(
             mode: CacheMode::WriteBack,
             backing: identity(backing.size()),
             sequential_cutoff: 0,
+            policy: 0,
         },
     )?;
     let sb = read_superblock(&*cache_dev)?;

@@ -28,6 +28,9 @@ pub struct CreateArgs {
     /// everything); keeps backups and scans from evicting the working set
     #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
     sequential_cutoff: u64,
+    /// Replacement policy: lru, fifo, clock, arc, s3fifo (2-bit counter), s3fifo-1bit, lirs
+    #[arg(long, value_name = "NAME", default_value = "lru", value_parser = parse_policy)]
+    policy: u32,
     /// Volume name, also the NBD export name [default: the backing file's name]
     #[arg(long)]
     name: Option<String>,
@@ -86,6 +89,7 @@ pub fn run(args: CreateArgs) -> Result<()> {
             mode: args.mode.mode(),
             backing: ident,
             sequential_cutoff: args.sequential_cutoff,
+            policy: args.policy,
         },
     )
     .with_context(|| format!("cannot format {}", args.cache.display()))?;
@@ -111,6 +115,15 @@ pub fn run(args: CreateArgs) -> Result<()> {
         args.cache.display()
     );
     Ok(())
+}
+
+fn parse_policy(name: &str) -> Result<u32, String> {
+    ssdcache_engine::policy::id_of(name).ok_or_else(|| {
+        format!(
+            "unknown policy {name:?}; choose one of: {}",
+            ssdcache_engine::policy::names().join(", ")
+        )
+    })
 }
 
 /// The given name, or the backing file's name with characters NBD URIs dislike replaced.

@@ -90,7 +90,8 @@ served. A volume whose cache holds dirty data is never served in front of a miss
 backing device.\n\n\
 Write-back: a cleaner thread writes dirty data back in address order with large merged writes: \
 every dirty line above --writeback-high (down to --writeback-low), and below it data older than \
---writeback-max-age; 32 writes in flight while the backing device is idle, 2 while clients use it. When no line can \
+--writeback-max-age; 32 writes in flight while the backing device is idle, a trickle (one write, \
+then a 50 ms pause) while clients use it. When no line can \
 be freed (the cache is full of dirty data) a write goes to the backing device directly.\n\n\
 Settings come from flags, from a TOML file given with --config, or both (flags win). See \
 docs/operations.md for the file format. A control socket (--control) answers `ssdcache stats` \

@@ -334,7 +334,9 @@ pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
                 uuid: uuid::Uuid::from_bytes(v.uuid).to_string(),
                 mode: v.mode.to_string(),
                 read_only: v.read_only,
-                policy: "lru".into(),
+                policy: ssdcache_engine::policy::NAMES
+                    .get(v.policy as usize)
+                    .map_or_else(|| format!("unknown ({})", v.policy), |n| (*n).to_owned()),
                 sequential_cutoff: v.sequential_cutoff,
                 backing_path: v.backing.path.clone(),
                 backing_kind: format!("{:?}", v.backing.kind),

@@ -54,7 +54,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
     backing: Vec<(String, PathBuf)>,
     /// Write-back: share of the cache's lines dirty at which the cleaner writes back every
-    /// dirty line, without pause (at full depth while clients leave the disk idle) [default: 50]
+    /// dirty line (at full depth while clients leave the disk idle, a trickle while they use
+    /// it) [default: 50]
     #[arg(long, value_name = "PERCENT")]
     writeback_high: Option<f64>,
     /// Write-back: cleaning started at the high watermark goes on down to this share

@@ -157,6 +157,8 @@ pub struct NewVolume {
     pub backing: BackingIdentity,
     /// A sequential stream bypasses the cache after this many bytes; 0 = never.
     pub sequential_cutoff: u64,
+    /// Replacement policy id (`policy::NAMES`).
+    pub policy: u32,
 }
 
 /// How `open` found the cache.
@@ -250,6 +252,12 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.
 pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Result<Superblock> {
     let layout = Layout::compute(dev.size(), line_size).map_err(format_err)?;
+    if policy::by_id(volume.policy, 1).is_none() {
+        return Err(format_err(format!(
+            "unknown replacement policy id {}",
+            volume.policy
+        )));
+    }
     let cache_uuid = *uuid::Uuid::new_v4().as_bytes();
     let sb = Superblock {
         version: FORMAT_VERSION,
@@ -272,7 +280,7 @@ pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Resul
             mode: volume.mode,
             read_only: false,
             backing: volume.backing,
-            policy: 0,
+            policy: volume.policy,
             admission: 0,
             sequential_cutoff: volume.sequential_cutoff,
             counters: VolumeCounters::default(),

@@ -33,6 +33,12 @@ pub struct CleanerConfig {
     pub max_in_flight: usize,
     /// Backing writes in flight while clients use the backing device.
     pub busy_in_flight: usize,
+    /// While clients use the backing device: the pause after each backing write, and the
+    /// lines per batch. A hard drive serves its nearest request first, and the cleaner's
+    /// address-ordered writes are often the nearest, so without a pause they would take a
+    /// large share of the disk from the clients.
+    pub busy_pause: Duration,
+    pub busy_batch_lines: usize,
     /// The backing device counts as idle after this long without a client request.
     pub idle_after: Duration,
     /// Largest merged write.
@@ -48,7 +54,9 @@ impl Default for CleanerConfig {
             low_watermark: 0.4,
             max_age: Duration::from_secs(30),
             max_in_flight: 32,
-            busy_in_flight: 2,
+            busy_in_flight: 1,
+            busy_pause: Duration::from_millis(50),
+            busy_batch_lines: 32,
             idle_after: Duration::from_millis(100),
             max_write: 4 << 20,
             batch_lines: 2048,
@@ -116,12 +124,24 @@ impl Cache {
         depth: usize,
         select: Select,
     ) -> Result<BatchReport> {
-        let lines = self.plan(cfg, select);
+        self.clean_batch_paced(cfg, depth, select, cfg.batch_lines, None)
+    }
+
+    /// `clean_batch` with `batch_lines` lines and, with `pause`, a pause after each write.
+    fn clean_batch_paced(
+        &self,
+        cfg: &CleanerConfig,
+        depth: usize,
+        select: Select,
+        batch_lines: usize,
+        pause: Option<Duration>,
+    ) -> Result<BatchReport> {
+        let lines = self.plan(batch_lines, select);
         if lines.is_empty() {
             return Ok(BatchReport::default());
         }
         let extents = merge_extents(&lines, self.layout().line_size, cfg.max_write);
-        let outcomes = self.write_extents(&extents, depth.max(1));
+        let outcomes = self.write_extents(&extents, depth.max(1), pause);
         let mut report = BatchReport::default();
         let mut cleaned: HashMap<u32, (DirtyLine, SectorBitmap)> = HashMap::new();
         let mut touched = vec![false; self.volumes().len()];
@@ -177,7 +197,7 @@ impl Cache {
     }
 
     /// The next dirty lines of the sweep, in address order.
-    fn plan(&self, cfg: &CleanerConfig, select: Select) -> Vec<DirtyLine> {
+    fn plan(&self, batch_lines: usize, select: Select) -> Vec<DirtyLine> {
         let mut cursor = self
             .cleaner
             .cursor
@@ -188,7 +208,7 @@ impl Cache {
             Select::All => true,
             Select::DirtySince(t) => l.since <= t,
         };
-        let mut lines = map.dirty_lines_from(*cursor, cfg.batch_lines, 1 << 16, &mut want);
+        let mut lines = map.dirty_lines_from(*cursor, batch_lines, 1 << 16, &mut want);
         drop(map);
         // A batch that wrapped past the end is two sweeps: keep the first, in order.
         if let Some(wrap) = lines.windows(2).position(|w| w[1].key < w[0].key) {
@@ -200,7 +220,12 @@ impl Cache {
         lines
     }
 
-    fn write_extents(&self, extents: &[Extent], depth: usize) -> Vec<Outcome> {
+    fn write_extents(
+        &self,
+        extents: &[Extent],
+        depth: usize,
+        pause: Option<Duration>,
+    ) -> Vec<Outcome> {
         let next = AtomicUsize::new(0);
         let results: Vec<Mutex<Option<Outcome>>> =
             extents.iter().map(|_| Mutex::new(None)).collect();
@@ -211,6 +236,9 @@ impl Cache {
                     let Some(extent) = extents.get(i) else { break };
                     let outcome = self.write_extent(extent);
                     *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+                    if let Some(p) = pause {
+                        std::thread::sleep(p);
+                    }
                 });
             }
         });
@@ -342,23 +370,27 @@ impl Cache {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
-            // Clients come first on the backing device: above the watermark the cleaner runs
-            // without pause, but with few writes in flight while clients use the disk (when
-            // the cache is full of dirty data their writes go to the disk too, and would
-            // otherwise queue behind the cleaner's). Only an explicit flush takes it whole.
+            // Clients come first on the backing device, also above the watermark: while they
+            // use it the cleaner trickles (one write in flight, a pause after each; when the
+            // cache is full of dirty data the clients' writes go to the disk, and they would
+            // otherwise lose it to the cleaner's). Only an explicit flush takes it whole.
             let idle = self.core().backing_idle_for() >= cfg.idle_after;
             let urgent = draining;
-            let depth = if urgent || idle {
-                cfg.max_in_flight
+            let (depth, batch, pause) = if urgent || idle {
+                (cfg.max_in_flight, cfg.batch_lines, None)
             } else {
-                cfg.busy_in_flight
+                (
+                    cfg.busy_in_flight,
+                    cfg.busy_batch_lines,
+                    Some(cfg.busy_pause),
+                )
             };
             let select = if draining || above_high {
                 Select::All
             } else {
                 Select::DirtySince(now.saturating_sub(age_limit))
             };
-            match self.clean_batch(cfg, depth, select) {
+            match self.clean_batch_paced(cfg, depth, select, batch, pause) {
                 Ok(r) => {
                     last_commit = Instant::now();
                     if r.lines_cleaned == 0 {
@@ -366,9 +398,6 @@ impl Cache {
                             oldest_checked = Instant::now() - Duration::from_secs(10);
                         }
                         std::thread::sleep(Duration::from_millis(20));
-                    } else if !urgent && !idle && !above_high {
-                        // Clients are using the backing device: leave it to them between batches.
-                        std::thread::sleep(Duration::from_millis(10));
                     }
                 }
                 Err(e) => {

@@ -151,6 +151,7 @@ fn workload(seed: u64, stats: &Stats) {
             mode: CacheMode::WriteBack,
             backing: identity(),
             sequential_cutoff: 0,
+            policy: 0,
         },
     )
     .expect("format");

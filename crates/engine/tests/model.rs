@@ -212,6 +212,19 @@ proptest! {
         run(CacheMode::WriteBack, ops)?;
     }
 
+    /// Every replacement policy under the write-back model (evictions skip dirty and busy
+    /// lines, so the policy's predicate handling is what is tested here).
+    #[test]
+    fn every_policy_matches_model_in_write_back(
+        policy in 0u32..ssdcache_engine::policy::NAMES.len() as u32,
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        common::POLICY.with(|p| p.set(policy));
+        let result = run(CacheMode::WriteBack, ops);
+        common::POLICY.with(|p| p.set(0));
+        result?;
+    }
+
     #[test]
     fn pass_through_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
         run(CacheMode::PassThrough, ops)?;

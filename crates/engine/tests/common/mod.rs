@@ -23,6 +23,16 @@ pub fn identity(size: u64) -> BackingIdentity {
     }
 }
 
+thread_local! {
+    /// The replacement policy of caches this thread formats (0 = LRU).
+    pub static POLICY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The policy `format_mem` and `format_dev` give new caches on this thread.
+pub fn policy_under_test() -> u32 {
+    POLICY.with(|p| p.get())
+}
+
 /// Sequential cutoff of test volumes: small, so the property tests' streams bypass the cache.
 pub const TEST_CUTOFF: u64 = 256 << 10;
 
@@ -33,6 +43,7 @@ pub fn format_mem(cache_dev: &MemDevice, line_size: u64, mode: CacheMode, backin
         mode,
         backing: identity(backing_size),
         sequential_cutoff: TEST_CUTOFF,
+        policy: policy_under_test(),
     };
     format(cache_dev, line_size, volume).expect("format");
 }
@@ -88,6 +99,7 @@ pub fn format_dev(
         mode,
         backing: identity(backing_size),
         sequential_cutoff,
+        policy: policy_under_test(),
     };
     format(dev, line_size, volume).expect("format");
 }
