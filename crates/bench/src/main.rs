@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use ssdcache_device::hdd::{HddDevice, HddModel, HddParams};
-use ssdcache_device::{AlignedBuf, BlockDevice, FileDevice, Op, OpenOptions, RecordingDevice};
+use ssdcache_device::{
+    AlignedBuf, BlockDevice, FileDevice, Op, OpenOptions, RecordingDevice, SplitMix64 as Rng,
+};
 use ssdcache_engine::{format, read_superblock, Cache, CleanerConfig, NewVolume};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 
@@ -38,38 +40,7 @@ enum Command {
     /// Dirty the cache with a burst of writes, then time the cleaner writing it all back onto
     /// the HDD model; compare with the model's time for a naive destage (one write at a time,
     /// in arrival order)
-    Destage {
-        #[arg(long)]
-        cache: PathBuf,
-        #[arg(long)]
-        cache_size: u64,
-        #[arg(long)]
-        backing: PathBuf,
-        #[arg(long)]
-        backing_size: u64,
-        #[arg(long, default_value_t = 4096)]
-        line_size: u64,
-        #[arg(long, value_enum)]
-        pattern: Pattern,
-        /// Bytes written in the burst
-        #[arg(long)]
-        bytes: u64,
-        /// Dense pattern: where the region starts on the backing device
-        #[arg(long, default_value_t = 0)]
-        region_offset: u64,
-        /// Writes of the naive destage also replayed in real time on the model, to check the
-        /// simulated figure
-        #[arg(long, default_value_t = 0)]
-        naive_sample: usize,
-        /// Cleaner writes in flight
-        #[arg(long, default_value_t = 32)]
-        depth: usize,
-        /// Dirty lines the cleaner plans per batch [default: the cleaner's default]
-        #[arg(long)]
-        batch_lines: Option<usize>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
+    Destage(DestageArgs),
     /// Fill a cache with dirty data (every line, whole), crash (no shutdown), time the restart
     Recovery {
         #[arg(long)]
@@ -85,33 +56,7 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Destage {
-            cache,
-            cache_size,
-            backing,
-            backing_size,
-            line_size,
-            pattern,
-            bytes,
-            region_offset,
-            naive_sample,
-            depth,
-            batch_lines,
-            seed,
-        } => destage(&DestageArgs {
-            batch_lines,
-            cache,
-            cache_size,
-            backing,
-            backing_size,
-            line_size,
-            pattern,
-            bytes,
-            region_offset,
-            naive_sample,
-            depth,
-            seed,
-        }),
+        Command::Destage(a) => destage(&a),
         Command::Recovery {
             cache,
             cache_size,
@@ -121,18 +66,37 @@ fn main() -> Result<()> {
     }
 }
 
+#[derive(Args)]
 struct DestageArgs {
+    #[arg(long)]
     cache: PathBuf,
+    #[arg(long)]
     cache_size: u64,
+    #[arg(long)]
     backing: PathBuf,
+    #[arg(long)]
     backing_size: u64,
+    #[arg(long, default_value_t = 4096)]
     line_size: u64,
+    #[arg(long, value_enum)]
     pattern: Pattern,
+    /// Bytes written in the burst
+    #[arg(long)]
     bytes: u64,
+    /// Dense pattern: where the region starts on the backing device
+    #[arg(long, default_value_t = 0)]
     region_offset: u64,
+    /// Writes of the naive destage also replayed in real time on the model, to check the
+    /// simulated figure
+    #[arg(long, default_value_t = 0)]
     naive_sample: usize,
+    /// Cleaner writes in flight
+    #[arg(long, default_value_t = 32)]
     depth: usize,
+    /// Dirty lines the cleaner plans per batch [default: the cleaner's default]
+    #[arg(long)]
     batch_lines: Option<usize>,
+    #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
@@ -192,17 +156,6 @@ fn write_back_cache(
     Ok(Cache::open(cache_dev, sb, vec![backing])?.0)
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// The burst: (offset, length) in arrival order.
 fn burst(a: &DestageArgs) -> Vec<(u64, u64)> {
     let mut rng = Rng(a.seed);
@@ -210,18 +163,15 @@ fn burst(a: &DestageArgs) -> Vec<(u64, u64)> {
         Pattern::Scattered => {
             let sectors = a.backing_size / 4096;
             (0..a.bytes / 4096)
-                .map(|_| ((rng.next() % sectors) * 4096, 4096))
+                .map(|_| (rng.below(sectors) * 4096, 4096))
                 .collect()
         }
         Pattern::Dense => {
             let chunk = 65536;
-            let mut v: Vec<(u64, u64)> = (0..a.bytes / chunk)
+            rng.shuffled(a.bytes / chunk)
+                .into_iter()
                 .map(|i| (a.region_offset + i * chunk, chunk))
-                .collect();
-            for i in (1..v.len()).rev() {
-                v.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-            }
-            v
+                .collect()
         }
     }
 }

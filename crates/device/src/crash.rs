@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{BlockDevice, ALIGN};
+use crate::{BlockDevice, SplitMix64, ALIGN};
 
 /// A memory device whose writes become durable only at [`flush`](BlockDevice::flush), with
 /// switches that make reads, writes or flushes fail.
@@ -169,20 +169,6 @@ impl PendingWrite {
     }
 }
 
-/// splitmix64: tiny, self-contained and good enough to pick crash outcomes; the crate takes no
-/// dependency on `rand` for this, and a fixed algorithm keeps a seed's outcome stable.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 fn eio() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }
@@ -257,12 +243,12 @@ impl CrashDevice {
         let mut rng = SplitMix64(rng_seed);
         let mut image = state.durable.clone();
         for w in &state.pending {
-            match rng.next() % 3 {
+            match rng.next_u64() % 3 {
                 0 => w.apply(&mut image, 0..w.len()),
                 1 => {}
                 _ => {
                     for part in w.sectors() {
-                        if rng.next() & 1 == 1 {
+                        if rng.next_u64() & 1 == 1 {
                             w.apply(&mut image, part);
                         }
                     }

@@ -8,12 +8,14 @@ pub mod hdd;
 pub mod identity;
 mod memory;
 mod recording;
+mod rng;
 
 pub use aligned::AlignedBuf;
 pub use crash::CrashDevice;
 pub use file::{FileDevice, OpenOptions};
 pub use memory::MemDevice;
 pub use recording::{Op, RecordingDevice};
+pub use rng::SplitMix64;
 
 use std::io;
 

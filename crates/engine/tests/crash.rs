@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_device::{BlockDevice, CrashDevice, SplitMix64 as Rng};
 use ssdcache_engine::{format, read_superblock, Cache, CleanerConfig, NewVolume, Select};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 
@@ -97,20 +97,6 @@ impl Contract {
         self.sectors
             .get(&sector)
             .map_or(tag == 0, |(d, p)| *d == tag || p.contains(&tag))
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

@@ -273,22 +273,7 @@ mod tests {
         }
     }
 
-    /// splitmix64: a seeded generator for the streams below.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        fn unit(&mut self) -> f64 {
-            (self.next() >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
+    use ssdcache_device::SplitMix64 as Rng;
 
     /// `count` keys out of `universe`, Zipf-distributed with exponent `s` (inverse CDF).
     fn zipf(universe: usize, s: f64, count: usize, seed: u64) -> Vec<u64> {
@@ -357,8 +342,8 @@ mod tests {
         let mut scan = 1u64 << 40;
         let keys: Vec<u64> = (0..200_000)
             .map(|_| {
-                if rng.next().is_multiple_of(4) {
-                    rng.next() % 400
+                if rng.next_u64().is_multiple_of(4) {
+                    rng.next_u64() % 400
                 } else {
                     scan += 1;
                     scan

@@ -133,31 +133,8 @@ pub fn setup_crash(
 }
 
 /// A small deterministic generator (splitmix64) for reproducible workloads.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// `0..n` in random order.
-    pub fn shuffled(&mut self, n: u64) -> Vec<u64> {
-        let mut v: Vec<u64> = (0..n).collect();
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-        v
-    }
-}
+#[allow(unused_imports)] // not every test file uses it
+pub use ssdcache_device::SplitMix64 as Rng;
 
 /// `len` bytes that differ for every `tag` and every 8-byte word, so a read of the wrong write
 /// or of the wrong place is visible.
