@@ -326,3 +326,45 @@ do_mount() { # do_mount DEV DIR
 do_umount() {
     umount "$1" || fail "umount $1 failed"
 }
+
+# ---- ext4 file trees (t-ext4, t-wb-ext4) ----
+check_fsck() { # check_fsck DEV
+    local out rc=0
+    out=$(timeout -k 5 300 fsck.ext4 -fn "$1" 2>&1) || rc=$?
+    [[ $rc -eq 0 ]] || fail "fsck.ext4 -fn $1: status $rc:
+$out"
+    log "fsck clean ($1)"
+}
+
+# make_tree DIR SEED: ~250 files in nested directories, sizes 0..64 KiB with every 25th 1..3 MiB.
+make_tree() {
+    local root=$1 seed=$2 i d size
+    RANDOM=$seed
+    for ((i = 0; i < 250; i++)); do
+        d="$root/d$((i % 7))/s$((i % 5))/t$((i % 3))"
+        mkdir -p "$d"
+        if ((i % 25 == 0)); then
+            size=$(( (1 + RANDOM % 3) * 1024 * 1024 + RANDOM ))
+        else
+            size=$(( (RANDOM * 2) % 65537 ))
+        fi
+        head -c "$size" /dev/urandom >"$d/f$i.bin"
+    done
+    : >"$root/empty"
+    head -c 4096 /dev/urandom >"$root/page"
+    ln -s d0/s0/t0/f0.bin "$root/link"
+    ln "$root/page" "$root/page.hard"
+}
+checksum_tree() { # checksum_tree SUBDIR OUTFILE [MIN_FILES] (paths relative to the mount)
+    (cd "$MNT" && find "$1" -type f -print0 | sort -z | xargs -0 sha256sum) >"$2"
+    local n
+    n=$(wc -l <"$2")
+    assert_gt "$n" "${3:-200}" "files checksummed in $1"
+}
+verify_sums() { # verify_sums SUMFILE [ROOT]
+    local out rc=0
+    out=$(cd "${2:-$MNT}" && sha256sum --quiet -c "$1" 2>&1) || rc=$?
+    [[ $rc -eq 0 ]] || fail "sha256sum -c $1 failed (status $rc):
+$(head -n 40 <<<"$out")"
+    log "all $(wc -l <"$1") checksums in $(basename "$1") match"
+}
