@@ -14,7 +14,7 @@ pub use aligned::AlignedBuf;
 pub use crash::CrashDevice;
 pub use file::{FileDevice, OpenOptions};
 pub use memory::MemDevice;
-pub use recording::{Op, RecordingDevice};
+pub use recording::{Op, RecordingDevice, SharedOpLog};
 pub use rng::SplitMix64;
 
 use std::io;

@@ -16,6 +16,10 @@ pub enum Op {
     WriteZeroes { offset: u64, len: u64 },
 }
 
+/// A log shared by several recorders: each call with the tag of the recorder that saw it, in
+/// call order across all of them (to check, say, that a backing flush precedes a cache write).
+pub type SharedOpLog = Arc<Mutex<Vec<(u32, Op)>>>;
+
 /// Forwards every call to `inner` and records it first, in call order, whether or not it then
 /// succeeds: a test cares about what was asked of the device, failed attempts included.
 ///
@@ -23,15 +27,18 @@ pub enum Op {
 /// switches); `D` defaults to `dyn BlockDevice` for code that only has a trait object.
 pub struct RecordingDevice<D: ?Sized + BlockDevice = dyn BlockDevice> {
     inner: Arc<D>,
-    ops: Mutex<Vec<Op>>,
+    log: SharedOpLog,
+    tag: u32,
 }
 
 impl<D: ?Sized + BlockDevice> RecordingDevice<D> {
     pub fn new(inner: Arc<D>) -> RecordingDevice<D> {
-        RecordingDevice {
-            inner,
-            ops: Mutex::new(Vec::new()),
-        }
+        Self::sharing(inner, 0, SharedOpLog::default())
+    }
+
+    /// A recorder that writes into `log`, marking its calls with `tag`.
+    pub fn sharing(inner: Arc<D>, tag: u32, log: SharedOpLog) -> RecordingDevice<D> {
+        RecordingDevice { inner, log, tag }
     }
 
     /// The device this one forwards to.
@@ -39,25 +46,29 @@ impl<D: ?Sized + BlockDevice> RecordingDevice<D> {
         &self.inner
     }
 
-    /// A copy of the calls recorded so far, oldest first.
+    /// A copy of the calls this device recorded so far, oldest first.
     pub fn ops(&self) -> Vec<Op> {
-        self.log().clone()
+        self.log()
+            .iter()
+            .filter(|(tag, _)| *tag == self.tag)
+            .map(|(_, op)| *op)
+            .collect()
     }
 
-    /// Forgets the calls recorded so far, so a test can look at one phase alone.
+    /// Forgets the calls this device recorded so far, so a test can look at one phase alone.
     pub fn clear(&self) {
-        self.log().clear();
+        self.log().retain(|(tag, _)| *tag != self.tag);
     }
 
     /// The log, even after a panic on another thread while it was held: pushing a `Copy` value
     /// cannot leave it half changed, and a recorder must not turn one failed test into errors
     /// everywhere.
-    fn log(&self) -> MutexGuard<'_, Vec<Op>> {
-        self.ops.lock().unwrap_or_else(|e| e.into_inner())
+    fn log(&self) -> MutexGuard<'_, Vec<(u32, Op)>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn record(&self, op: Op) {
-        self.log().push(op);
+        self.log().push((self.tag, op));
     }
 }
 

@@ -5,12 +5,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::{counter, data, format_dev, open_dyn, Rng, MIB};
-use ssdcache_device::{BlockDevice, CrashDevice, MemDevice, Op, RecordingDevice};
+use ssdcache_device::{BlockDevice, CrashDevice, MemDevice, Op, RecordingDevice, SharedOpLog};
 use ssdcache_engine::{Cache, CleanerConfig, Select, VolumeState};
 use ssdcache_format::CacheMode;
 
@@ -254,77 +253,26 @@ enum Dev {
     Backing,
 }
 
-type Log = Arc<Mutex<Vec<(Dev, Op)>>>;
-
-fn lock(log: &Log) -> MutexGuard<'_, Vec<(Dev, Op)>> {
+fn lock(log: &SharedOpLog) -> MutexGuard<'_, Vec<(u32, Op)>> {
     log.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Forwards to `inner`, recording every call (before making it) in a log shared with other
-/// devices, so the order of I/O across devices can be checked.
-struct Logged {
-    dev: Dev,
-    inner: Arc<dyn BlockDevice>,
-    log: Log,
-}
-
-impl Logged {
-    fn record(&self, op: Op) {
-        lock(&self.log).push((self.dev, op));
-    }
-}
-
-impl BlockDevice for Logged {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.record(Op::Read {
-            offset,
-            len: buf.len() as u64,
-        });
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.record(Op::Write {
-            offset,
-            len: buf.len() as u64,
-        });
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.record(Op::Flush);
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<bool> {
-        self.record(Op::Discard { offset, len });
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.record(Op::WriteZeroes { offset, len });
-        self.inner.write_zeroes(offset, len)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
 }
 
 fn flush_before_clean(depth: usize) {
     const BACKING: u64 = 16 * MIB;
-    let log: Log = Arc::default();
+    let log = SharedOpLog::default();
     let cache_mem = Arc::new(MemDevice::new("cache", 16 * MIB));
     let backing_mem = Arc::new(MemDevice::new("backing", BACKING));
     format_dev(&*cache_mem, LINE, CacheMode::WriteBack, BACKING, 0);
-    let cache_dev: Arc<dyn BlockDevice> = Arc::new(Logged {
-        dev: Dev::Cache,
-        inner: cache_mem.clone(),
-        log: log.clone(),
-    });
-    let backing: Arc<dyn BlockDevice> = Arc::new(Logged {
-        dev: Dev::Backing,
-        inner: backing_mem.clone(),
-        log: log.clone(),
-    });
+    let cache_dev: Arc<dyn BlockDevice> = Arc::new(RecordingDevice::sharing(
+        cache_mem.clone() as Arc<dyn BlockDevice>,
+        Dev::Cache as u32,
+        log.clone(),
+    ));
+    let backing: Arc<dyn BlockDevice> = Arc::new(RecordingDevice::sharing(
+        backing_mem.clone() as Arc<dyn BlockDevice>,
+        Dev::Backing as u32,
+        log.clone(),
+    ));
     let (cache, _) = open_dyn(cache_dev, backing);
     let layout = cache.layout();
     let journal = layout.journal_offset..layout.journal_offset + layout.journal_len;
@@ -360,7 +308,7 @@ fn flush_before_clean(depth: usize) {
         .expect("batch");
     assert_eq!(report.lines_cleaned, dirty_lines);
     let ops = lock(&log).clone();
-    let is = |i: usize, dev: Dev, f: &dyn Fn(&Op) -> bool| ops[i].0 == dev && f(&ops[i].1);
+    let is = |i: usize, dev: Dev, f: &dyn Fn(&Op) -> bool| ops[i].0 == dev as u32 && f(&ops[i].1);
     let backing_writes: Vec<usize> = (0..ops.len())
         .filter(|&i| is(i, Dev::Backing, &|op| matches!(op, Op::Write { .. })))
         .collect();
