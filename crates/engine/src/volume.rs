@@ -603,10 +603,11 @@ impl Volume {
 
     /// Puts a segment's current data in the cache (allocating a line if needed). `data` must
     /// already carry the cached sectors of the segment (a fill never changes dirty data). A
-    /// cache error only drops the line: the backing device has the data.
-    fn fill(&self, seg: &Segment, data: &[u8]) {
-        let Some(slot) = self.slot_for(seg) else {
-            return; // every line busy or dirty: skip caching this one
+    /// cache error only drops the line: the backing device has the data. Returns whether the
+    /// line was cached already.
+    fn fill(&self, seg: &Segment, data: &[u8]) -> bool {
+        let Some((slot, cached)) = self.slot_for(seg) else {
+            return false; // every line busy or dirty: skip caching this one
         };
         match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
             Ok(()) => {
@@ -622,14 +623,18 @@ impl Volume {
                 self.cache_failed(e);
             }
         }
+        cached
     }
 
-    /// The slot caching a segment's line, allocated if needed; `None` when none can be freed.
-    fn slot_for(&self, seg: &Segment) -> Option<u32> {
+    /// The slot caching a segment's line, allocated if needed, and whether the line was cached
+    /// already; `None` when no slot can be freed.
+    fn slot_for(&self, seg: &Segment) -> Option<(u32, bool)> {
         let mut map = self.core.map();
         match map.lookup(self.id, seg.line) {
-            Some(hit) => Some(hit.slot),
-            None => map.allocate(self.id, seg.line, &self.core.locks),
+            Some(hit) => Some((hit.slot, true)),
+            None => map
+                .allocate(self.id, seg.line, &self.core.locks)
+                .map(|slot| (slot, false)),
         }
     }
 
@@ -744,8 +749,7 @@ impl Volume {
         }
         let mut hit = false;
         for seg in self.segments(offset, data.len() as u64) {
-            hit |= self.core.map().peek(self.id, seg.line).is_some();
-            self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
+            hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
         }
         if hit {
             self.count(Counter::WriteHits, 1);
@@ -761,12 +765,12 @@ impl Volume {
         let now = self.core.now_secs();
         for seg in self.segments(offset, data.len() as u64) {
             let part = &data[seg.buf_at..seg.buf_at + seg.len];
-            hit |= self.core.map().peek(self.id, seg.line).is_some();
-            let Some(slot) = self.slot_for(&seg) else {
+            let Some((slot, cached)) = self.slot_for(&seg) else {
                 self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
                 self.write_around(seg.offset, part, false)?;
                 continue;
             };
+            hit |= cached;
             match self.core.dev.write_at(part, self.slot_offset(slot, &seg)) {
                 Ok(()) => {
                     self.count(Counter::BytesToCache, seg.len as u64);
