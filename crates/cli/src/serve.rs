@@ -141,13 +141,18 @@ fn settings(args: ServeArgs) -> Result<Settings> {
 }
 
 /// Opens the backing device of a volume and proves it is the one recorded at create.
-/// `dirty` is the volume's dirty data in the cache, for the message when it is missing.
+/// `dirty` tells the volume's dirty data in the cache, for the message when the device is
+/// missing or different (asked only then: it reads the cache's metadata).
 pub(crate) fn open_backing(
     slot: &VolumeSlot,
     overrides: &BTreeMap<String, PathBuf>,
-    dirty: u64,
+    dirty: &dyn Fn() -> u64,
 ) -> Result<Arc<dyn BlockDevice>> {
-    let at_risk = if dirty > 0 {
+    let at_risk = || {
+        let dirty = dirty();
+        if dirty == 0 {
+            return String::new();
+        }
         format!(
             " The cache holds {} of dirty data for this volume that this device does not have: \
              serving the cache in front of another device would corrupt both. If the device is \
@@ -155,8 +160,6 @@ pub(crate) fn open_backing(
              --cache CACHE --backing NEW --force`.",
             human(dirty)
         )
-    } else {
-        String::new()
     };
     let path = overrides
         .get(&slot.name)
@@ -170,23 +173,25 @@ pub(crate) fn open_backing(
         });
         if missing {
             anyhow::anyhow!(
-                "{e:#}; if the disk moved, point to it with --backing {}=PATH.{at_risk}",
-                slot.name
+                "{e:#}; if the disk moved, point to it with --backing {}=PATH.{}",
+                slot.name,
+                at_risk()
             )
         } else {
-            anyhow::anyhow!("{e:#}{at_risk}")
+            anyhow::anyhow!("{e:#}{}", at_risk())
         }
     })?;
     let found = identity::probe(&path, dev.size())
         .with_context(|| format!("cannot identify {}", path.display()))?;
     if let Some(why) = identity::mismatch(&slot.backing, &found) {
+        let at_risk = at_risk();
         bail!(
             "refusing to serve volume '{}': {} is not the backing device this cache was created for ({why}). \
              Point to the right device with --backing {}=PATH.{}",
             slot.name,
             path.display(),
             slot.name,
-            if dirty > 0 {
+            if !at_risk.is_empty() {
                 at_risk
             } else {
                 " If the cache really belongs to this device now, re-create it with `ssdcache create --force` \
@@ -278,12 +283,12 @@ fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
     let dev = open_device(&s.cache, "cache", true, true)?;
     let sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", s.cache.display()))?;
-    let dirty = dirty_per_volume(&*dev, &sb);
+    let dirty = |i: usize| dirty_per_volume(&*dev, &sb).get(i).copied().unwrap_or(0);
     let backings = sb
         .volumes
         .iter()
-        .zip(&dirty)
-        .map(|(v, d)| open_backing(v, &s.backing, *d))
+        .enumerate()
+        .map(|(i, v)| open_backing(v, &s.backing, &|| dirty(i)))
         .map(|dev| dev.map(|d| with_hdd_model(d, s.emulate_hdd)))
         .collect::<Result<Vec<_>>>()?;
     if !dev.is_direct() {

@@ -178,12 +178,17 @@ fn open_offline(
     let sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", cache_path.display()))?;
     let overrides = overrides.iter().cloned().collect();
-    let dirty = crate::serve::dirty_per_volume(&*dev, &sb);
+    let dirty = |i: usize| {
+        crate::serve::dirty_per_volume(&*dev, &sb)
+            .get(i)
+            .copied()
+            .unwrap_or(0)
+    };
     let backings = sb
         .volumes
         .iter()
-        .zip(&dirty)
-        .map(|(v, d)| crate::serve::open_backing(v, &overrides, *d))
+        .enumerate()
+        .map(|(i, v)| crate::serve::open_backing(v, &overrides, &|| dirty(i)))
         .collect::<Result<Vec<_>>>()?;
     let (cache, report) = Cache::open(dev, sb, backings)
         .with_context(|| format!("cannot open cache {}", cache_path.display()))?;
@@ -318,11 +323,9 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
     let mut backings = Vec::new();
     for (i, v) in sb.volumes.iter().enumerate() {
         if i != target {
-            backings.push(crate::serve::open_backing(
-                v,
-                &Default::default(),
-                v.dirty_bytes,
-            )?);
+            backings.push(crate::serve::open_backing(v, &Default::default(), &|| {
+                v.dirty_bytes
+            })?);
             continue;
         }
         let b = open_device(&args.backing, "backing device", true, true)?;
