@@ -150,6 +150,7 @@ fn write_back_cache(
             backing: identity(backing.size()),
             sequential_cutoff: 0,
             policy: 0,
+            admission: Default::default(),
         },
     )?;
     let sb = read_superblock(&*cache_dev)?;

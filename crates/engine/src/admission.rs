@@ -1,76 +1,107 @@
-//! Sequential stream detection. A backup, a scan or a large copy reads or writes each block
-//! once; caching it evicts the data that is reused and costs an SSD write per block. Once a
-//! stream has moved `cutoff` bytes, the rest of it bypasses the cache (bcache's
-//! sequential_cutoff; Open CAS's stream detection). Several streams are tracked at once, so
-//! concurrent copies and out-of-order arrivals from a deep queue are still recognised.
+//! Admission: which requests and missed lines may take cache space. Two mechanisms, each per
+//! volume:
+//!
+//! - [`StreamDetector`] (`sequential_cutoff`): a sequential stream past its cutoff bypasses the
+//!   cache altogether (reads and writes).
+//! - [`Admission`] (`admission`): of the lines a request misses, which are cached. `always`
+//!   caches every missed line; `N-hit` caches a line on its N-th miss within the memory of a
+//!   bounded ghost table ([`NHitAdmission`]), so lines read once never cost an SSD write.
+//!
+//! Hits are never subject to admission: a line already in the cache is read and written there
+//! as usual. Both types are plain data without locking so the simulator runs the same code.
 
-use std::sync::Mutex;
+mod nhit;
+mod stream;
 
-/// Streams tracked per volume; the least recently used one is replaced.
-const STREAMS: usize = 32;
-/// A request starting within this distance, plus a few of its own lengths, of where a stream
-/// is expected continues it (the requests of a deep sequential queue arrive out of order).
-const SLACK: u64 = 1 << 20;
-const SLACK_REQUESTS: u64 = 2;
+use std::fmt;
+use std::str::FromStr;
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Stream {
-    /// Where the stream is expected to continue.
-    next: u64,
-    /// Bytes moved in exact continuation.
-    run: u64,
-    last_used: u64,
+pub use nhit::NHitAdmission;
+pub use stream::StreamDetector;
+
+/// The largest N of N-hit admission. Beyond a few misses the table's memory (about one cache's
+/// worth of lines) is what decides, not N.
+pub const MAX_N_HIT: u32 = 16;
+
+/// A volume's admission policy. Written as `always` or `N-hit` (`2-hit`, `3-hit`, … up to
+/// [`MAX_N_HIT`]); stored in the volume's superblock slot (bytes 524..528) as 0 for `always`
+/// and N for `N-hit`. Code 1 and codes above `MAX_N_HIT` are refused when a cache is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Admission {
+    /// Every missed line is cached.
+    #[default]
+    Always,
+    /// A missed line is cached on its N-th miss (2 ≤ N ≤ [`MAX_N_HIT`]).
+    NHit(u32),
 }
 
-pub struct StreamDetector {
-    cutoff: u64,
-    state: Mutex<(u64, [Stream; STREAMS])>,
+/// A wrong admission name or on-disk code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmissionError {
+    #[error(
+        "unknown admission {0:?}: use \"always\" or \"N-hit\" with N from 2 to {MAX_N_HIT} \
+         (for example \"2-hit\")"
+    )]
+    UnknownName(String),
+    #[error(
+        "admission code {0} is not one this ssdcache knows (0 = always, 2 to {MAX_N_HIT} = N-hit): \
+         the cache was configured by a newer ssdcache, or its superblock is damaged"
+    )]
+    UnknownCode(u32),
 }
 
-impl StreamDetector {
-    /// `cutoff` = 0 turns detection off (everything is cached).
-    pub fn new(cutoff: u64) -> StreamDetector {
-        StreamDetector {
-            cutoff,
-            state: Mutex::new((0, [Stream::default(); STREAMS])),
+impl Admission {
+    /// The value stored in the superblock.
+    pub fn to_disk(self) -> u32 {
+        match self {
+            Admission::Always => 0,
+            Admission::NHit(n) => n,
         }
     }
 
-    /// Records a request and says whether it should bypass the cache: true when it continues
-    /// a stream that had already moved `cutoff` bytes.
-    pub fn bypass(&self, offset: u64, len: u64) -> bool {
-        if self.cutoff == 0 {
-            return false;
+    /// Decodes the superblock value, refusing codes this version does not know.
+    pub fn from_disk(code: u32) -> Result<Admission, AdmissionError> {
+        match code {
+            0 => Ok(Admission::Always),
+            n if (2..=MAX_N_HIT).contains(&n) => Ok(Admission::NHit(n)),
+            other => Err(AdmissionError::UnknownCode(other)),
         }
-        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (clock, streams) = &mut *guard;
-        *clock += 1;
-        let now = *clock;
-        let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
-        let continues = |s: &Stream| s.run > 0 && offset.abs_diff(s.next) <= slack;
-        if let Some(s) = streams.iter_mut().find(|s| continues(s)) {
-            let bypass = s.run >= self.cutoff;
-            // Only an exact continuation is evidence of a stream. A request that merely lands
-            // nearby (out of order, or random I/O in a small region) halves the evidence: a
-            // real stream with an occasional reordering still reaches the cutoff, random
-            // requests that now and then continue one another do not.
-            if offset == s.next {
-                s.run += len;
-            } else {
-                s.run /= 2;
-            }
-            s.next = s.next.max(offset.saturating_add(len));
-            s.last_used = now;
-            return bypass;
+    }
+
+    /// The admission table for a cache of `lines` lines: `None` for `always` (nothing to
+    /// count), otherwise an N-hit table remembering the misses of as many lines as the cache
+    /// holds.
+    pub fn table(self, lines: usize) -> Option<NHitAdmission> {
+        match self {
+            Admission::Always => None,
+            Admission::NHit(n) => Some(NHitAdmission::new(n, lines)),
         }
-        if let Some(oldest) = streams.iter_mut().min_by_key(|s| s.last_used) {
-            *oldest = Stream {
-                next: offset + len,
-                run: len,
-                last_used: now,
-            };
+    }
+}
+
+impl FromStr for Admission {
+    type Err = AdmissionError;
+
+    /// Parses `always` or `N-hit` (case-insensitive).
+    fn from_str(s: &str) -> Result<Admission, AdmissionError> {
+        let name = s.trim().to_ascii_lowercase();
+        if name == "always" {
+            return Ok(Admission::Always);
         }
-        false
+        name.strip_suffix("-hit")
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|n| (2..=MAX_N_HIT).contains(n))
+            .map(Admission::NHit)
+            .ok_or_else(|| AdmissionError::UnknownName(s.to_owned()))
+    }
+}
+
+impl fmt::Display for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Admission::Always => f.write_str("always"),
+            Admission::NHit(n) => write!(f, "{n}-hit"),
+        }
     }
 }
 
@@ -79,59 +110,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_streams_bypass_after_the_cutoff_random_requests_never() {
-        let d = StreamDetector::new(4 << 20);
-        let mib = 1u64 << 20;
-        let bypassed: Vec<bool> = (0..8).map(|i| d.bypass(i * mib, mib)).collect();
-        assert_eq!(
-            bypassed,
-            [false, false, false, false, true, true, true, true]
-        );
-        // Random 4 KiB requests far apart never form a stream.
-        let mut x = 12345u64;
-        for _ in 0..1000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            assert!(!d.bypass((x >> 20) % (1 << 40) / 4096 * 4096 + (1 << 41), 4096));
+    fn names_and_disk_codes_round_trip() {
+        for a in [Admission::Always, Admission::NHit(2), Admission::NHit(16)] {
+            assert_eq!(a.to_string().parse::<Admission>(), Ok(a));
+            assert_eq!(Admission::from_disk(a.to_disk()), Ok(a));
+        }
+        assert_eq!("2-hit".parse(), Ok(Admission::NHit(2)));
+        assert_eq!(" Always ".parse(), Ok(Admission::Always));
+        assert_eq!(Admission::default(), Admission::Always);
+        assert_eq!(Admission::Always.to_disk(), 0);
+        assert_eq!(Admission::NHit(3).to_disk(), 3);
+    }
+
+    #[test]
+    fn refuses_unknown_names_and_codes() {
+        for bad in [
+            "", "never", "1-hit", "17-hit", "-hit", "2hit", "two-hit", "2-hits",
+        ] {
+            let err = bad.parse::<Admission>().expect_err(bad);
+            assert!(err.to_string().contains("always"), "{err}");
+        }
+        for code in [1, 17, u32::MAX] {
+            assert_eq!(
+                Admission::from_disk(code),
+                Err(AdmissionError::UnknownCode(code))
+            );
         }
     }
 
     #[test]
-    fn random_large_requests_in_a_small_region_are_not_a_stream() {
-        let d = StreamDetector::new(4 << 20);
-        let mib = 1u64 << 20;
-        let mut x = 99u64;
-        let bypassed = (0..2000)
-            .filter(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                d.bypass((x >> 33) % 256 * mib, mib)
-            })
-            .count();
-        assert!(
-            bypassed < 20,
-            "{bypassed} of 2000 random 1 MiB reads in 256 MiB were taken for a stream"
-        );
-    }
-
-    #[test]
-    fn concurrent_and_reordered_streams_are_tracked() {
-        let d = StreamDetector::new(2 << 20);
-        let mib = 1u64 << 20;
-        let (a, b) = (0u64, 100 << 30);
-        for i in 0..4 {
-            d.bypass(a + i * mib, mib);
-            d.bypass(b + i * mib, mib);
-        }
-        // Out of order by one request: still the same stream.
-        assert!(d.bypass(a + 5 * mib, mib));
-        assert!(d.bypass(a + 4 * mib, mib));
-        assert!(d.bypass(b + 4 * mib, mib));
-        assert!(
-            !StreamDetector::new(0).bypass(a + 6 * mib, mib),
-            "cutoff 0 = off"
-        );
+    fn always_needs_no_table() {
+        assert!(Admission::Always.table(100).is_none());
+        let mut t = Admission::NHit(2).table(100).expect("a table");
+        assert!(!t.admit(1));
+        assert!(t.admit(1));
     }
 }

@@ -12,6 +12,7 @@ use ssdcache_format::{
     VolumeCounters, VolumeSlot, FORMAT_VERSION, SECTOR_SIZE,
 };
 
+use crate::admission::Admission;
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
@@ -159,6 +160,8 @@ pub struct NewVolume {
     pub sequential_cutoff: u64,
     /// Replacement policy id (`policy::NAMES`).
     pub policy: u32,
+    /// Which missed lines are cached.
+    pub admission: Admission,
 }
 
 /// How `open` found the cache.
@@ -281,7 +284,7 @@ pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Resul
             read_only: false,
             backing: volume.backing,
             policy: volume.policy,
-            admission: 0,
+            admission: volume.admission.to_disk(),
             sequential_cutoff: volume.sequential_cutoff,
             counters: VolumeCounters::default(),
             dirty_lines: 0,
@@ -391,6 +394,7 @@ impl Cache {
         if backings.len() != sb.volumes.len() {
             return Err(format_err("one backing device per volume is needed"));
         }
+        let admissions = volume_admissions(&sb)?;
         let layout = sb.layout;
         if has_dirty_modes(&sb) && layout.journal_blocks() < 2 * layout.compaction_blocks() + 1 {
             return Err(format_err(format!(
@@ -459,10 +463,11 @@ impl Cache {
         });
         let volumes = slots
             .iter()
+            .zip(admissions)
             .zip(backings)
             .enumerate()
-            .map(|(index, (slot, backing))| {
-                Arc::new(Volume::new(slot, index, backing, core.clone()))
+            .map(|(index, ((slot, admission), backing))| {
+                Arc::new(Volume::new(slot, admission, index, backing, core.clone()))
             })
             .collect();
         Ok((
@@ -569,6 +574,23 @@ impl Cache {
         *self.core.sb() = sb;
         Ok(())
     }
+}
+
+/// Each volume's admission policy, refusing a code this version does not know (before the
+/// cache is touched: a newer ssdcache's setting must not be silently replaced).
+fn volume_admissions(sb: &Superblock) -> Result<Vec<Admission>> {
+    sb.volumes
+        .iter()
+        .map(|v| {
+            Admission::from_disk(v.admission).map_err(|e| {
+                format_err(format!(
+                    "volume '{}': {e}; set a known one with `admission = \"always\"` or \
+                     `\"2-hit\"` under [volume.{}] in serve's config file, or re-create the cache",
+                    v.name, v.name
+                ))
+            })
+        })
+        .collect()
 }
 
 fn has_dirty_modes(sb: &Superblock) -> bool {

@@ -1,12 +1,12 @@
 //! One backing device served through the cache: the read and write paths of each mode.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::{CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
-use crate::admission::StreamDetector;
+use crate::admission::{Admission, NHitAdmission, StreamDetector};
 use crate::cache::CacheCore;
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
@@ -40,6 +40,9 @@ pub enum Counter {
     DirtyReadErrors,
     /// Dirty lines the cleaner could not read from the cache.
     DirtyLinesLost,
+    /// Bytes of missed lines that admission kept out of the cache (served from or written to
+    /// the backing device only).
+    BytesNotAdmitted,
 }
 
 thread_local! {
@@ -117,7 +120,10 @@ pub struct Volume {
     size: u64,
     backing: Arc<dyn BlockDevice>,
     core: Arc<CacheCore>,
-    streams: StreamDetector,
+    streams: Mutex<StreamDetector>,
+    admission: Admission,
+    /// The N-hit miss table; `None` under `always` admission.
+    admission_table: Option<Mutex<NHitAdmission>>,
     counters: [AtomicU64; VolumeCounters::COUNT],
 }
 
@@ -139,13 +145,33 @@ fn mode_of(code: u8) -> CacheMode {
     }
 }
 
+/// Whether a read caches the lines it missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// Nothing is cached: pass-through, a stream past its cutoff, a failing cache device.
+    Nothing,
+    /// Missed lines are cached as the volume's admission decides.
+    Admitted,
+    /// Every missed line is cached: a client's explicit prefetch (NBD_CMD_CACHE).
+    Everything,
+}
+
+/// Locks a mutex that guards plain counting state: a panic elsewhere cannot leave it invalid
+/// for the next request.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Volume {
+    /// `admission` is the slot's decoded admission code (the caller refuses unknown codes).
     pub(crate) fn new(
         slot: &VolumeSlot,
+        admission: Admission,
         index: usize,
         backing: Arc<dyn BlockDevice>,
         core: Arc<CacheCore>,
     ) -> Volume {
+        let lines = usize::try_from(core.layout.line_count).unwrap_or(usize::MAX);
         Volume {
             id: slot.id,
             index,
@@ -157,7 +183,9 @@ impl Volume {
             size: slot.backing.size,
             backing,
             core,
-            streams: StreamDetector::new(slot.sequential_cutoff),
+            streams: Mutex::new(StreamDetector::new(slot.sequential_cutoff)),
+            admission,
+            admission_table: admission.table(lines).map(Mutex::new),
             counters: slot.counters.0.map(AtomicU64::new),
         }
     }
@@ -216,6 +244,45 @@ impl Volume {
     }
     pub fn line_size(&self) -> u64 {
         self.core.layout.line_size
+    }
+    pub fn admission(&self) -> Admission {
+        self.admission
+    }
+    /// A sequential stream bypasses the cache after this many bytes; 0 = never.
+    pub fn sequential_cutoff(&self) -> u64 {
+        lock(&self.streams).cutoff()
+    }
+
+    /// Records a request with the stream detector: true when it continues a stream past the
+    /// cutoff and bypasses the cache.
+    fn stream_bypass(&self, offset: u64, length: u64) -> bool {
+        lock(&self.streams).bypass(offset, length)
+    }
+
+    /// Whether a segment's line may take cache space. A line already in the cache (some of
+    /// its sectors missing at most) is a hit and always may; under `always` every line may;
+    /// under N-hit the table counts this miss and decides. A refusal is counted.
+    fn admits(&self, seg: &Segment) -> bool {
+        let Some(table) = &self.admission_table else {
+            return true;
+        };
+        if self.core.map().peek(self.id, seg.line).is_some() {
+            return true;
+        }
+        let admitted = lock(table).admit(seg.line);
+        if !admitted {
+            self.count(Counter::BytesNotAdmitted, seg.len as u64);
+        }
+        admitted
+    }
+
+    /// Whether a read that missed `seg` caches it.
+    fn fills(&self, fill: Fill, seg: &Segment) -> bool {
+        match fill {
+            Fill::Nothing => false,
+            Fill::Admitted => self.admits(seg),
+            Fill::Everything => true,
+        }
     }
 
     fn count(&self, c: Counter, n: u64) {
@@ -394,7 +461,7 @@ impl Volume {
         }
         let (first, last) = self.line_range(offset, length);
         let _held = self.core.locks.lock_range(self.id, first, last);
-        let bypass = self.streams.bypass(offset, length);
+        let bypass = self.stream_bypass(offset, length);
         if bypass && !self.all_cached(offset, length) {
             // A stream reads on from the backing device in one piece: serving the cached parts
             // from the cache would break the disk's streaming into seeks. Dirty sectors are
@@ -404,10 +471,15 @@ impl Volume {
             self.read_backing(buf, offset)?;
             return self.overlay_cached(offset, buf);
         }
-        let admit = !bypass
+        let fill = if !bypass
             && self.mode() != CacheMode::PassThrough
-            && self.state() == VolumeState::Healthy;
-        let all_hit = self.read_locked(offset, buf, admit)?;
+            && self.state() == VolumeState::Healthy
+        {
+            Fill::Admitted
+        } else {
+            Fill::Nothing
+        };
+        let all_hit = self.read_locked(offset, buf, fill)?;
         self.count(
             if all_hit {
                 Counter::ReadHits
@@ -436,15 +508,15 @@ impl Volume {
 
     /// Reads a range whose lines the caller holds: cached segments from the cache, each run of
     /// consecutive missing segments with one backing read (a disk streams it) with any cached
-    /// sectors laid over it, then, with `admit`, fills the cache from what was read. Returns
+    /// sectors laid over it, then fills the cache from what was read as `fill` says. Returns
     /// whether every segment hit.
-    fn read_locked(&self, offset: u64, buf: &mut [u8], admit: bool) -> Result<bool> {
+    fn read_locked(&self, offset: u64, buf: &mut [u8], fill: Fill) -> Result<bool> {
         let mut all_hit = true;
         let mut run: Option<(Segment, Segment)> = None;
         for seg in self.segments(offset, buf.len() as u64) {
             if self.read_hit(&seg, &mut buf[seg.buf_at..seg.buf_at + seg.len])? {
                 if let Some(missed) = run.take() {
-                    self.read_missing(missed, buf, admit)?;
+                    self.read_missing(missed, buf, fill)?;
                 }
                 continue;
             }
@@ -455,7 +527,7 @@ impl Volume {
             });
         }
         if let Some(missed) = run {
-            self.read_missing(missed, buf, admit)?;
+            self.read_missing(missed, buf, fill)?;
         }
         Ok(all_hit)
     }
@@ -535,26 +607,35 @@ impl Volume {
     }
 
     /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
-    /// segments say) from the backing device and, with `admit`, caches them.
+    /// segments say) from the backing device and caches those `fill` lets in. Admission is
+    /// asked once per missed segment.
     fn read_missing(
         &self,
         (first, last): (Segment, Segment),
         buf: &mut [u8],
-        admit: bool,
+        mut fill: Fill,
     ) -> Result<()> {
-        if admit && first.line == last.line && first.len < self.whole_line(first.line).len {
-            return self.read_missing_partial_line(
-                &first,
-                &mut buf[first.buf_at..first.buf_at + first.len],
-            );
+        let part_of_one_line =
+            first.line == last.line && first.len < self.whole_line(first.line).len;
+        if part_of_one_line {
+            if self.fills(fill, &first) {
+                return self.read_missing_partial_line(
+                    &first,
+                    &mut buf[first.buf_at..first.buf_at + first.len],
+                );
+            }
+            // Not cached: read just what was asked, not the whole line.
+            fill = Fill::Nothing;
         }
         let (start, end) = (first.buf_at, last.buf_at + last.len);
         self.read_backing(&mut buf[start..end], first.offset)?;
         self.overlay_cached(first.offset, &mut buf[start..end])?;
-        if admit {
+        if fill != Fill::Nothing {
             for seg in self.segments(first.offset, (end - start) as u64) {
-                let at = start + seg.buf_at;
-                self.fill(&seg, &buf[at..at + seg.len]);
+                if self.fills(fill, &seg) {
+                    let at = start + seg.buf_at;
+                    self.fill(&seg, &buf[at..at + seg.len]);
+                }
             }
         }
         Ok(())
@@ -666,7 +747,7 @@ impl Volume {
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         let mode = self.mode();
-        let bypass = mode != CacheMode::PassThrough && self.streams.bypass(offset, length);
+        let bypass = mode != CacheMode::PassThrough && self.stream_bypass(offset, length);
         if bypass {
             self.count(Counter::BytesBypassed, length);
         }
@@ -749,7 +830,11 @@ impl Volume {
         }
         let mut hit = false;
         for seg in self.segments(offset, data.len() as u64) {
-            hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
+            // A line not admitted stays out of the cache: the write went around it (the line
+            // has no cached copy to drop).
+            if self.admits(&seg) {
+                hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
+            }
         }
         if hit {
             self.count(Counter::WriteHits, 1);
@@ -757,14 +842,19 @@ impl Volume {
         Ok(())
     }
 
-    /// Into the cache only, marked dirty; the cleaner writes it back later. A segment that
-    /// gets no line (the cache is full of dirty data) or whose cache write fails goes to the
-    /// backing device instead.
+    /// Into the cache only, marked dirty; the cleaner writes it back later. A segment whose
+    /// line admission keeps out, that gets no line (the cache is full of dirty data) or whose
+    /// cache write fails goes to the backing device instead (as write-around: the FLUSH or
+    /// FUA that follows flushes the backing device too).
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<()> {
         let mut hit = false;
         let now = self.core.now_secs();
         for seg in self.segments(offset, data.len() as u64) {
             let part = &data[seg.buf_at..seg.buf_at + seg.len];
+            if !self.admits(&seg) {
+                self.write_around(seg.offset, part, false)?;
+                continue;
+            }
             let Some((slot, cached)) = self.slot_for(&seg) else {
                 self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
                 self.write_around(seg.offset, part, false)?;
@@ -869,7 +959,8 @@ impl Volume {
             let n = (offset + length - pos).min(CHUNK);
             let (first, last) = self.line_range(pos, n);
             let _held = self.core.locks.lock_range(self.id, first, last);
-            self.read_locked(pos, &mut buf[..n as usize], true)?;
+            // The client asked for this data to be cached: admission does not apply.
+            self.read_locked(pos, &mut buf[..n as usize], Fill::Everything)?;
             pos += n;
         }
         Ok(())

@@ -138,6 +138,7 @@ fn workload(seed: u64, stats: &Stats) {
             backing: identity(),
             sequential_cutoff: 0,
             policy: 0,
+            admission: Default::default(),
         },
     )
     .expect("format");

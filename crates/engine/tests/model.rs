@@ -9,6 +9,7 @@ mod common;
 use common::setup;
 use proptest::prelude::*;
 use ssdcache_device::MemDevice;
+use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{Cache, CleanerConfig, Select};
 use ssdcache_format::CacheMode;
 
@@ -222,6 +223,24 @@ proptest! {
         common::POLICY.with(|p| p.set(policy));
         let result = run(CacheMode::WriteBack, ops);
         common::POLICY.with(|p| p.set(0));
+        result?;
+    }
+
+    /// 2-hit admission in every mode: lines missed once are served without being cached,
+    /// write misses not admitted go around the cache (in write-back too); data stays right.
+    #[test]
+    fn two_hit_admission_matches_model_in_every_mode(
+        mode in prop_oneof![
+            Just(CacheMode::WriteBack),
+            Just(CacheMode::WriteThrough),
+            Just(CacheMode::WriteAround),
+            Just(CacheMode::PassThrough),
+        ],
+        ops in proptest::collection::vec(op(), 1..140),
+    ) {
+        common::ADMISSION.with(|a| a.set(Admission::NHit(2)));
+        let result = run(mode, ops);
+        common::ADMISSION.with(|a| a.set(Admission::Always));
         result?;
     }
 

@@ -94,7 +94,7 @@ pub struct BackingIdentity {
 pub struct VolumeCounters(pub [u64; VolumeCounters::COUNT]);
 
 impl VolumeCounters {
-    pub const COUNT: usize = 21;
+    pub const COUNT: usize = 22;
     /// Counter slots on disk (536..728 of a volume slot); the unused ones are zero, room for
     /// counters to come without a format change.
     pub const DISK_SLOTS: usize = 24;
@@ -120,6 +120,7 @@ impl VolumeCounters {
         "bytes_written_around_full",
         "dirty_read_errors",
         "dirty_lines_lost",
+        "bytes_not_admitted",
     ];
 }
 
@@ -133,6 +134,7 @@ pub struct VolumeSlot {
     pub read_only: bool,
     pub backing: BackingIdentity,
     pub policy: u32,
+    /// Admission policy code: 0 = always, N (2..=16) = N-hit (`ssdcache_engine::admission`).
     pub admission: u32,
     pub sequential_cutoff: u64,
     pub counters: VolumeCounters,
@@ -464,6 +466,24 @@ mod tests {
         let slot = 4096 + 3 * 1024;
         assert_eq!(&buf[slot..slot + 4], &1u32.to_le_bytes());
         assert_eq!(&buf[slot + 24..slot + 27], b"sdb");
+    }
+
+    /// The admission code sits at byte 524 of the slot and the counter added last
+    /// (`bytes_not_admitted`, index 21) in a slot that older versions left zero.
+    #[test]
+    fn admission_and_new_counter_bytes() {
+        let mut sb = sample();
+        sb.volumes[0].admission = 2;
+        sb.volumes[0].counters.0[21] = 0x77;
+        let buf = sb.encode().expect("encode");
+        let slot = 4096 + 3 * 1024;
+        assert_eq!(&buf[slot + 524..slot + 528], &2u32.to_le_bytes());
+        assert_eq!(
+            &buf[slot + 536 + 8 * 21..slot + 536 + 8 * 22],
+            &0x77u64.to_le_bytes()
+        );
+        assert_eq!(VolumeCounters::NAMES[21], "bytes_not_admitted");
+        assert_eq!(Superblock::decode(&buf), Ok(sb));
     }
 
     #[test]

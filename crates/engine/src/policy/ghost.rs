@@ -8,7 +8,7 @@ use super::list::Lists;
 
 const EMPTY: u32 = u32::MAX;
 
-pub(super) struct Ghosts {
+pub(crate) struct Ghosts {
     order: Lists,
     keys: Vec<u64>,
     /// Unused entries (a stack; never grows past the capacity it was created with).

@@ -9,7 +9,7 @@
 mod arc;
 mod clock;
 mod fifo;
-mod ghost;
+pub(crate) mod ghost;
 mod lirs;
 mod list;
 mod lru;

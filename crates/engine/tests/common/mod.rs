@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use ssdcache_device::{BlockDevice, MemDevice};
+use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{format, read_superblock, Cache, NewVolume};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 
@@ -33,6 +34,16 @@ pub fn policy_under_test() -> u32 {
     POLICY.with(|p| p.get())
 }
 
+thread_local! {
+    /// The admission of caches this thread formats.
+    pub static ADMISSION: std::cell::Cell<Admission> = const { std::cell::Cell::new(Admission::Always) };
+}
+
+/// The admission `format_mem` and `format_dev` give new caches on this thread.
+pub fn admission_under_test() -> Admission {
+    ADMISSION.with(|a| a.get())
+}
+
 /// Sequential cutoff of test volumes: small, so the property tests' streams bypass the cache.
 pub const TEST_CUTOFF: u64 = 256 << 10;
 
@@ -44,6 +55,7 @@ pub fn format_mem(cache_dev: &MemDevice, line_size: u64, mode: CacheMode, backin
         backing: identity(backing_size),
         sequential_cutoff: TEST_CUTOFF,
         policy: policy_under_test(),
+        admission: admission_under_test(),
     };
     format(cache_dev, line_size, volume).expect("format");
 }
@@ -100,6 +112,7 @@ pub fn format_dev(
         backing: identity(backing_size),
         sequential_cutoff,
         policy: policy_under_test(),
+        admission: admission_under_test(),
     };
     format(dev, line_size, volume).expect("format");
 }
