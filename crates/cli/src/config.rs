@@ -10,16 +10,29 @@
 //! writeback_high = 50                # write-back: clean every dirty line above 50% dirty lines
 //! writeback_low = 40                 # ... down to 40%
 //! writeback_max_age = 30             # write back dirty data older than 30 s when possible
+//! policy = "lru"                     # the cache's replacement policy (one per cache)
 //!
 //! [backing]                          # where a volume's backing device is now, if it moved
 //! sdb = "/dev/disk/by-id/ata-WDC_WD40EFRX-1234"
+//!
+//! [volume.sdb]                       # settings of volume sdb
+//! admission = "2-hit"                # "always", or "N-hit": cache a line on its N-th miss
+//! sequential_cutoff = "4MiB"         # streams bypass the cache after this much; 0 = never
 //! ```
+//!
+//! `policy`, `admission` and `sequential_cutoff` are written to the cache's superblock when
+//! `serve` starts, so they stay in force after the key is removed from the file. The
+//! replacement policy orders the eviction of one pool of cache lines shared by every volume,
+//! so it is one per cache: a `policy` key under `[volume.NAME]` is accepted only when the
+//! cache has that one volume, and is the same setting as the top-level key.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
+
+use crate::size::parse_size;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,6 +48,38 @@ pub struct FileConfig {
     pub writeback_max_age: Option<u64>,
     #[serde(default)]
     pub backing: BTreeMap<String, PathBuf>,
+    /// The cache's replacement policy.
+    pub policy: Option<String>,
+    /// Settings of each volume, by volume name.
+    #[serde(default)]
+    pub volume: BTreeMap<String, VolumeConfig>,
+}
+
+/// `[volume.NAME]`: the settings of one volume.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub admission: Option<String>,
+    pub sequential_cutoff: Option<SizeValue>,
+    /// Only for a cache of one volume (see the module comment).
+    pub policy: Option<String>,
+}
+
+/// A size given as a number of bytes or as a string such as "4MiB".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    pub fn bytes(&self) -> Result<u64, String> {
+        match self {
+            SizeValue::Bytes(b) => Ok(*b),
+            SizeValue::Text(t) => parse_size(t),
+        }
+    }
 }
 
 impl FileConfig {
@@ -68,5 +113,6 @@ mod tests {
         let c: FileConfig = toml::from_str(text).expect("example parses");
         assert_eq!(c.backing.get("sdb"), Some(&PathBuf::from("/dev/sdb")));
         assert!(toml::from_str::<FileConfig>("cahce = \"/x\"").is_err());
+        assert!(toml::from_str::<FileConfig>("[volume.sdb]\nadmision = \"2-hit\"").is_err());
     }
 }

@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ssdcache_device::identity;
 use ssdcache_device::BlockDevice;
+use ssdcache_engine::admission::Admission;
 use ssdcache_engine::NewVolume;
 
 use crate::devices::{open_device, same_device};
@@ -31,6 +32,11 @@ pub struct CreateArgs {
     /// Replacement policy: lru, fifo, clock, arc, s3fifo (2-bit counter), s3fifo-1bit, lirs
     #[arg(long, value_name = "NAME", default_value = "lru", value_parser = parse_policy)]
     policy: u32,
+    /// Which missed lines are cached: `always`, or `N-hit` (2-hit, 3-hit, ... 16-hit): a line
+    /// is cached on its N-th miss, so data read or written once never costs an SSD write (the
+    /// price: its first reuse misses too). Changeable later in serve's config file
+    #[arg(long, value_name = "always|N-hit", default_value = "always")]
+    admission: Admission,
     /// Volume name, also the NBD export name [default: the backing file's name]
     #[arg(long)]
     name: Option<String>,
@@ -90,6 +96,7 @@ pub fn run(args: CreateArgs) -> Result<()> {
             backing: ident,
             sequential_cutoff: args.sequential_cutoff,
             policy: args.policy,
+            admission: args.admission,
         },
     )
     .with_context(|| format!("cannot format {}", args.cache.display()))?;
@@ -103,9 +110,10 @@ pub fn run(args: CreateArgs) -> Result<()> {
         human(l.data_offset),
     );
     println!(
-        "volume '{}' ({}): backing {} ({}), export name '{}'",
+        "volume '{}' ({}, admission {}): backing {} ({}), export name '{}'",
         name,
         args.mode.mode(),
+        args.admission,
         args.backing.display(),
         human(backing.size()),
         name
@@ -117,7 +125,7 @@ pub fn run(args: CreateArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_policy(name: &str) -> Result<u32, String> {
+pub(crate) fn parse_policy(name: &str) -> Result<u32, String> {
     ssdcache_engine::policy::id_of(name).ok_or_else(|| {
         format!(
             "unknown policy {name:?}; choose one of: {}",

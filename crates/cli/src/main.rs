@@ -8,6 +8,7 @@ mod hdd_emulator;
 mod report;
 mod serve;
 mod size;
+mod tuning;
 mod writeback;
 
 use std::path::PathBuf;

@@ -209,11 +209,12 @@ fn print_stats(r: &StatsReport) {
             human(c("bytes_to_backing"))
         );
         println!(
-            "  trims {}  write-zeroes {}  flushes {}  sequential bypass {}",
+            "  trims {}  write-zeroes {}  flushes {}  sequential bypass {}  not admitted {}",
             c("trims"),
             c("write_zeroes"),
             c("flushes"),
-            human(c("bytes_bypassed"))
+            human(c("bytes_bypassed")),
+            human(c("bytes_not_admitted"))
         );
         println!(
             "  occupancy    {:>12}   in {} lines ({:.1}% of the cache)",
@@ -278,6 +279,9 @@ pub struct InfoVolume {
     pub mode: String,
     pub read_only: bool,
     pub policy: String,
+    /// "always" or "N-hit".
+    #[serde(default)]
+    pub admission: String,
     pub sequential_cutoff: u64,
     pub backing_path: String,
     pub backing_kind: String,
@@ -337,6 +341,8 @@ pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
                 policy: ssdcache_engine::policy::NAMES
                     .get(v.policy as usize)
                     .map_or_else(|| format!("unknown ({})", v.policy), |n| (*n).to_owned()),
+                admission: ssdcache_engine::admission::Admission::from_disk(v.admission)
+                    .map_or_else(|_| format!("unknown ({})", v.admission), |a| a.to_string()),
                 sequential_cutoff: v.sequential_cutoff,
                 backing_path: v.backing.path.clone(),
                 backing_kind: format!("{:?}", v.backing.kind),
@@ -388,12 +394,13 @@ pub fn info(args: InfoArgs) -> Result<()> {
     );
     for v in &r.volumes {
         println!(
-            "volume {}   '{}' mode {}{} policy {} sequential cutoff {}",
+            "volume {}   '{}' mode {}{} policy {} admission {} sequential cutoff {}",
             v.id,
             v.name,
             v.mode,
             if v.read_only { " read-only" } else { "" },
             v.policy,
+            v.admission,
             if v.sequential_cutoff == 0 {
                 "off".to_owned()
             } else {

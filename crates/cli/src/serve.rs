@@ -18,6 +18,7 @@ use crate::config::FileConfig;
 use crate::control;
 use crate::devices::open_device;
 use crate::size::human;
+use crate::tuning::CacheTuning;
 
 const MAX_REQUEST: u32 = 32 << 20;
 
@@ -87,6 +88,7 @@ struct Settings {
     backing: BTreeMap<String, PathBuf>,
     emulate_hdd: bool,
     cleaner: CleanerConfig,
+    tuning: CacheTuning,
 }
 
 fn settings(args: ServeArgs) -> Result<Settings> {
@@ -94,6 +96,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
     };
+    let tuning = CacheTuning::from(&file);
     let Some(cache) = args.cache.or(file.cache) else {
         bail!("no cache given: use --cache PATH or `cache = \"PATH\"` in the config file");
     };
@@ -137,6 +140,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         threads,
         backing,
         emulate_hdd: args.emulate_hdd,
+        tuning,
     })
 }
 
@@ -281,8 +285,12 @@ fn exports(cache: &Cache, read_only: bool) -> Vec<ServerExport> {
 
 fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
     let dev = open_device(&s.cache, "cache", true, true)?;
-    let sb = ssdcache_engine::read_superblock(&*dev)
+    let mut sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", s.cache.display()))?;
+    // Cache::open writes the superblock, which makes these settings persistent.
+    for change in s.tuning.apply(&mut sb)? {
+        tracing::info!("config file: {change}");
+    }
     let dirty = |i: usize| dirty_per_volume(&*dev, &sb).get(i).copied().unwrap_or(0);
     let backings = sb
         .volumes
