@@ -24,7 +24,9 @@ const MAX_REQUEST: u32 = 32 << 20;
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration file (see docs/operations.md); flags override its keys
+    /// TOML configuration file (see docs/operations.md); flags override its keys. It also
+    /// sets the cache's replacement `policy` and, under [volume.NAME], a volume's `admission`
+    /// and `sequential_cutoff` (kept in the cache's superblock)
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Cache device or file made by `ssdcache create`
