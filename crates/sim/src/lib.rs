@@ -3,4 +3,6 @@
 //! replacement policies and admission code, miss-ratio curves (exact LRU and SHARDS sampling)
 //! and the sizing advisor.
 
+pub mod advise;
+pub mod simulate;
 pub mod trace;
