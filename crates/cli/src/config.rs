@@ -11,6 +11,10 @@
 //! writeback_low = 40                 # ... down to 40%
 //! writeback_max_age = 30             # write back dirty data older than 30 s when possible
 //! policy = "lru"                     # the cache's replacement policy (one per cache)
+//! record_trace = "/var/tmp/sdb.trace" # record the clients' requests (see docs/operations.md)
+//! record_sample = 0.01               # ... of 1% of the 1 MiB regions
+//! record_max_size = "1GiB"           # ... stopping when the file reaches this size
+//! record_trace_force = false         # replace an existing trace file
 //!
 //! [backing]                          # where a volume's backing device is now, if it moved
 //! sdb = "/dev/disk/by-id/ata-WDC_WD40EFRX-1234"
@@ -46,6 +50,10 @@ pub struct FileConfig {
     pub writeback_high: Option<f64>,
     pub writeback_low: Option<f64>,
     pub writeback_max_age: Option<u64>,
+    pub record_trace: Option<PathBuf>,
+    pub record_sample: Option<f64>,
+    pub record_max_size: Option<SizeValue>,
+    pub record_trace_force: Option<bool>,
     #[serde(default)]
     pub backing: BTreeMap<String, PathBuf>,
     /// The cache's replacement policy.
@@ -65,7 +73,7 @@ pub struct VolumeConfig {
     pub policy: Option<String>,
 }
 
-/// A size given as a number of bytes or as a string such as "4MiB".
+/// A size in the config file: a number of bytes or a string such as "1GiB".
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum SizeValue {
@@ -74,10 +82,12 @@ pub enum SizeValue {
 }
 
 impl SizeValue {
-    pub fn bytes(&self) -> Result<u64, String> {
+    pub fn bytes(&self, key: &str) -> Result<u64> {
         match self {
-            SizeValue::Bytes(b) => Ok(*b),
-            SizeValue::Text(t) => parse_size(t),
+            SizeValue::Bytes(n) => Ok(*n),
+            SizeValue::Text(s) => {
+                parse_size(s).map_err(|e| anyhow::anyhow!("config key {key}: {e}"))
+            }
         }
     }
 }
@@ -107,11 +117,19 @@ mod tests {
             listen = "127.0.0.1:10809"
             threads = 8
             read_only = false
+            record_trace = "/var/tmp/sdb.trace"
+            record_sample = 0.01
+            record_max_size = "1GiB"
             [backing]
             sdb = "/dev/sdb"
         "#;
         let c: FileConfig = toml::from_str(text).expect("example parses");
         assert_eq!(c.backing.get("sdb"), Some(&PathBuf::from("/dev/sdb")));
+        assert_eq!(c.record_sample, Some(0.01));
+        let max = c.record_max_size.expect("record_max_size parses");
+        assert_eq!(max.bytes("record_max_size").unwrap(), 1 << 30);
+        let n: FileConfig = toml::from_str("record_max_size = 65536").expect("a byte count");
+        assert_eq!(n.record_max_size.unwrap().bytes("x").unwrap(), 65536);
         assert!(toml::from_str::<FileConfig>("cahce = \"/x\"").is_err());
         assert!(toml::from_str::<FileConfig>("[volume.sdb]\nadmision = \"2-hit\"").is_err());
     }

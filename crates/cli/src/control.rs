@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ssdcache_engine::Cache;
+use ssdcache_sim::record::Recorder;
 
 use crate::report;
 
@@ -57,27 +58,38 @@ pub fn link(target: &Path, link: &Path) -> Result<PathBuf> {
 }
 
 /// Answers requests until the process exits.
-pub fn spawn(listener: UnixListener, cache: Arc<Cache>, cache_path: PathBuf) {
+pub fn spawn(
+    listener: UnixListener,
+    cache: Arc<Cache>,
+    cache_path: PathBuf,
+    recorder: Option<Arc<Recorder>>,
+) {
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
-            if let Err(e) = answer(conn, &cache, &cache_path) {
+            if let Err(e) = answer(conn, &cache, &cache_path, recorder.as_deref()) {
                 tracing::debug!("control request failed: {e:#}");
             }
         }
     });
 }
 
-fn answer(conn: UnixStream, cache: &Cache, cache_path: &Path) -> Result<()> {
+fn answer(
+    conn: UnixStream,
+    cache: &Cache,
+    cache_path: &Path,
+    recorder: Option<&Recorder>,
+) -> Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(conn.try_clone()?.take(4096)).read_line(&mut line)?;
     let words: Vec<&str> = line.split_whitespace().collect();
+    let stats = || report::live_stats(cache, cache_path, recorder.map(Recorder::status));
     let reply = match words.as_slice() {
-        ["stats"] => serde_json::to_value(report::live_stats(cache, cache_path))?,
+        ["stats"] => serde_json::to_value(stats())?,
         ["info"] => serde_json::to_value(report::live_info(cache, cache_path))?,
         ["flush"] => {
             cache.request_drain(true);
-            serde_json::to_value(report::live_stats(cache, cache_path))?
+            serde_json::to_value(stats())?
         }
         ["flush-stop"] => {
             cache.request_drain(false);

@@ -96,7 +96,10 @@ then a 50 ms pause) while clients use it. When no line can \
 be freed (the cache is full of dirty data) a write goes to the backing device directly.\n\n\
 Settings come from flags, from a TOML file given with --config, or both (flags win). See \
 docs/operations.md for the file format. A control socket (--control) answers `ssdcache stats` \
-and `ssdcache info` while the daemon runs."
+and `ssdcache info` while the daemon runs.\n\n\
+With --record-trace FILE the daemon also records the clients' requests (sampled with \
+--record-sample, bounded by --record-max-size) as a trace that `ssdcache simulate`, `mrc` and \
+`advise` read: measure what a bigger or smaller cache would do for your own workload."
     )]
     Serve(serve::ServeArgs),
     /// Show a cache's superblock and configuration

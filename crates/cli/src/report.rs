@@ -8,6 +8,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use ssdcache_engine::{Cache, VolumeStats};
 use ssdcache_format::{CacheState, Superblock, VolumeCounters};
+use ssdcache_sim::record::RecordStatus;
 
 use crate::control;
 use crate::devices::open_device;
@@ -65,6 +66,9 @@ pub struct StatsReport {
     pub lines: u64,
     pub capacity_bytes: u64,
     pub volumes: Vec<VolumeReport>,
+    /// The workload recording of `serve --record-trace`, while the daemon records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<RecordStatus>,
 }
 
 fn volume_report(v: &VolumeStats) -> VolumeReport {
@@ -109,12 +113,20 @@ fn stats_report(
         lines: l.line_count,
         capacity_bytes: l.line_count * l.line_size,
         volumes: vols.iter().map(volume_report).collect(),
+        recording: None,
     }
 }
 
-pub fn live_stats(cache: &Cache, cache_path: &Path) -> StatsReport {
+pub fn live_stats(
+    cache: &Cache,
+    cache_path: &Path,
+    recording: Option<RecordStatus>,
+) -> StatsReport {
     let vols: Vec<VolumeStats> = cache.volumes().iter().map(|v| v.stats()).collect();
-    stats_report("live", &cache.superblock(), cache_path, &vols)
+    StatsReport {
+        recording,
+        ..stats_report("live", &cache.superblock(), cache_path, &vols)
+    }
 }
 
 fn read_sb(path: &Path) -> Result<(std::sync::Arc<ssdcache_device::FileDevice>, Superblock)> {
@@ -166,6 +178,9 @@ fn print_stats(r: &StatsReport) {
         human(r.line_size),
         human(r.capacity_bytes)
     );
+    if let Some(t) = &r.recording {
+        print_recording(t);
+    }
     for v in &r.volumes {
         let c = |k: &str| v.counters.get(k).copied().unwrap_or(0);
         println!("volume {} ({}, {})", v.name, v.mode, human(v.size));
@@ -237,6 +252,30 @@ fn print_stats(r: &StatsReport) {
                 c("dirty_read_errors")
             );
         }
+    }
+}
+
+fn print_recording(t: &RecordStatus) {
+    let sampled = if t.sample_rate >= 1.0 {
+        "every request".to_owned()
+    } else {
+        format!(
+            "{}% of {} regions",
+            100.0 * t.sample_rate,
+            human(t.sample_region)
+        )
+    };
+    println!(
+        "trace {} ({}): {} requests, {} of at most {} ({sampled}), {} dropped",
+        t.path,
+        t.state,
+        t.records_written,
+        human(t.bytes_written),
+        human(t.max_bytes),
+        t.records_dropped
+    );
+    if let Some(e) = &t.error {
+        println!("  TRACE ERROR  {e}");
     }
 }
 

@@ -13,11 +13,13 @@ use ssdcache_format::{Superblock, VolumeSlot};
 use ssdcache_nbd::{
     transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerExport,
 };
+use ssdcache_sim::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
+use ssdcache_sim::trace::Op;
 
 use crate::config::FileConfig;
 use crate::control;
 use crate::devices::open_device;
-use crate::size::human;
+use crate::size::{human, parse_size};
 use crate::tuning::CacheTuning;
 
 const MAX_REQUEST: u32 = 32 << 20;
@@ -69,6 +71,26 @@ pub struct ServeArgs {
     /// watermarks, at a pace that leaves the backing device to clients [default: 30]
     #[arg(long, value_name = "SECONDS")]
     writeback_max_age: Option<u64>,
+    /// Record the clients' reads and writes to FILE (time, volume, offset, length; never
+    /// data), for `ssdcache simulate`, `mrc` and `advise`. Write-zeroes count as writes;
+    /// trims, flushes and cache hints are not recorded. About 30 bytes per request. The
+    /// request path never waits for the file: a background thread writes it, and if the
+    /// disk holding it falls behind, records are dropped and counted (`ssdcache stats`).
+    /// Refuses an existing FILE
+    #[arg(long, value_name = "FILE", help_heading = "Recording a workload")]
+    record_trace: Option<PathBuf>,
+    /// Record only this fraction of each volume's 1 MiB regions (every request to a chosen
+    /// region, none to the others, so reuse stays visible), e.g. 0.01 to record a busy disk
+    /// for days in little space [default: 1, everything]
+    #[arg(long, value_name = "RATE", help_heading = "Recording a workload")]
+    record_sample: Option<f64>,
+    /// Stop recording (serving goes on) before the trace file would grow beyond SIZE
+    /// [default: 1GiB, about 30 million requests]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Recording a workload")]
+    record_max_size: Option<u64>,
+    /// Replace the trace file if it exists
+    #[arg(long, help_heading = "Recording a workload")]
+    record_trace_force: bool,
 }
 
 pub(crate) fn parse_backing(s: &str) -> Result<(String, PathBuf), String> {
@@ -91,6 +113,7 @@ struct Settings {
     emulate_hdd: bool,
     cleaner: CleanerConfig,
     tuning: CacheTuning,
+    record: Option<(PathBuf, RecordConfig)>,
 }
 
 fn settings(args: ServeArgs) -> Result<Settings> {
@@ -99,6 +122,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         None => FileConfig::default(),
     };
     let tuning = CacheTuning::from(&file);
+    let record = record_settings(&args, &file)?;
     let Some(cache) = args.cache.or(file.cache) else {
         bail!("no cache given: use --cache PATH or `cache = \"PATH\"` in the config file");
     };
@@ -143,7 +167,61 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         backing,
         emulate_hdd: args.emulate_hdd,
         tuning,
+        record,
     })
+}
+
+/// The trace recording asked for by flags or the config file, checked before anything is
+/// opened, so a wrong setting or an existing file costs no cache start.
+fn record_settings(args: &ServeArgs, file: &FileConfig) -> Result<Option<(PathBuf, RecordConfig)>> {
+    let path = args
+        .record_trace
+        .clone()
+        .or_else(|| file.record_trace.clone());
+    let max_bytes = match (args.record_max_size, &file.record_max_size) {
+        (Some(n), _) => Some(n),
+        (None, Some(v)) => Some(v.bytes("record_max_size")?),
+        (None, None) => None,
+    };
+    let sample_rate = args.record_sample.or(file.record_sample);
+    let Some(path) = path else {
+        if sample_rate.is_some() || max_bytes.is_some() || args.record_trace_force {
+            bail!(
+                "--record-sample, --record-max-size and --record-trace-force need --record-trace FILE"
+            );
+        }
+        return Ok(None);
+    };
+    let defaults = RecordConfig::default();
+    let config = RecordConfig {
+        sample_rate: sample_rate.unwrap_or(defaults.sample_rate),
+        max_bytes: max_bytes.unwrap_or(defaults.max_bytes),
+        overwrite: args.record_trace_force || file.record_trace_force.unwrap_or(false),
+        ..defaults
+    };
+    if !(config.sample_rate > 0.0 && config.sample_rate <= 1.0) {
+        bail!(
+            "--record-sample {} is out of range: give a fraction above 0 and at most 1 (0.01 records 1%)",
+            config.sample_rate
+        );
+    }
+    if config.max_bytes < MIN_MAX_BYTES {
+        bail!(
+            "--record-max-size {} is too small (at least {MIN_MAX_BYTES} bytes)",
+            config.max_bytes
+        );
+    }
+    if !config.overwrite && std::fs::symlink_metadata(&path).is_ok() {
+        bail!(
+            "trace file {} already exists; choose another name, move it away, or replace it \
+             with --record-trace-force",
+            path.display()
+        );
+    }
+    // Absolute, so `stats` names the file wherever it is asked from.
+    let path = std::path::absolute(&path)
+        .with_context(|| format!("cannot resolve trace file path {}", path.display()))?;
+    Ok(Some((path, config)))
 }
 
 /// Opens the backing device of a volume and proves it is the one recorded at create.
@@ -223,7 +301,11 @@ fn with_hdd_model(dev: Arc<dyn BlockDevice>, emulate: bool) -> Arc<dyn BlockDevi
     Arc::new(HddDevice::new(dev, full_stroke))
 }
 
-struct VolumeExport(Arc<Volume>);
+struct VolumeExport {
+    volume: Arc<Volume>,
+    /// Set when `--record-trace` records this volume's requests.
+    recorder: Option<VolumeRecorder>,
+}
 
 fn errno(e: EngineError) -> Errno {
     tracing::debug!("request failed: {e}");
@@ -236,18 +318,29 @@ fn errno(e: EngineError) -> Errno {
     }
 }
 
+impl VolumeExport {
+    /// Records the request as the client sent it, before the cache handles it.
+    fn record(&self, op: Op, offset: u64, length: u64) {
+        if let Some(r) = &self.recorder {
+            r.record(op, offset, length);
+        }
+    }
+}
+
 impl Export for VolumeExport {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        self.0.read(offset, buf).map_err(errno)
+        self.record(Op::Read, offset, buf.len() as u64);
+        self.volume.read(offset, buf).map_err(errno)
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
-        self.0.write(offset, data, fua).map_err(errno)
+        self.record(Op::Write, offset, data.len() as u64);
+        self.volume.write(offset, data, fua).map_err(errno)
     }
     fn flush(&self) -> Result<(), Errno> {
-        self.0.flush().map_err(errno)
+        self.volume.flush().map_err(errno)
     }
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), Errno> {
-        self.0.trim(offset, length, fua).map_err(errno)
+        self.volume.trim(offset, length, fua).map_err(errno)
     }
     fn write_zeroes(
         &self,
@@ -256,14 +349,17 @@ impl Export for VolumeExport {
         fua: bool,
         _may_trim: bool,
     ) -> Result<(), Errno> {
-        self.0.write_zeroes(offset, length, fua).map_err(errno)
+        // The client writes these bytes, even if no data crosses the wire: a write to the
+        // simulator.
+        self.record(Op::Write, offset, length);
+        self.volume.write_zeroes(offset, length, fua).map_err(errno)
     }
     fn cache(&self, offset: u64, length: u64) -> Result<(), Errno> {
-        self.0.prefetch(offset, length).map_err(errno)
+        self.volume.prefetch(offset, length).map_err(errno)
     }
 }
 
-fn exports(cache: &Cache, read_only: bool) -> Vec<ServerExport> {
+fn exports(cache: &Cache, read_only: bool, recorder: Option<&Recorder>) -> Vec<ServerExport> {
     cache
         .volumes()
         .iter()
@@ -279,7 +375,10 @@ fn exports(cache: &Cache, read_only: bool) -> Vec<ServerExport> {
                     preferred_block: v.line_size().min(u64::from(MAX_REQUEST)) as u32,
                     max_block: MAX_REQUEST,
                 },
-                backend: Arc::new(VolumeExport(v.clone())),
+                backend: Arc::new(VolumeExport {
+                    volume: v.clone(),
+                    recorder: recorder.map(|r| r.volume(v.name())),
+                }),
             }
         })
         .collect()
@@ -339,7 +438,24 @@ pub(crate) fn dirty_per_volume(dev: &dyn BlockDevice, sb: &Superblock) -> Vec<u6
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let s = settings(args)?;
-    let (cache, sb) = open_cache(&s)?;
+    // The trace file is created first, so a path that cannot be written fails before the
+    // cache is opened; if serving then fails to start, the empty trace goes again, so the
+    // next start is not refused for an existing file.
+    let recorder = match &s.record {
+        Some((path, config)) => Some(Arc::new(start_recording(path, config)?)),
+        None => None,
+    };
+    let result = serve(&s, recorder.clone());
+    if let (Err(_), Some(recorder), Some((path, _))) = (&result, &recorder, &s.record) {
+        if recorder.finish().records_written == 0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    result
+}
+
+fn serve(s: &Settings, recorder: Option<Arc<Recorder>>) -> Result<()> {
+    let (cache, sb) = open_cache(s)?;
     let first = sb
         .volumes
         .first()
@@ -355,7 +471,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .unwrap_or_else(|| control::default_path(&sb.cache_uuid));
     let server = Arc::new(
         Server::new(
-            exports(&cache, s.read_only),
+            exports(&cache, s.read_only, recorder.as_deref()),
             ServerConfig {
                 threads_per_connection: s.threads,
                 max_request: MAX_REQUEST,
@@ -376,6 +492,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         control::bind(&control_path)?,
         cache.clone(),
         s.cache.clone(),
+        recorder.clone(),
     );
     // `stats --cache` looks for the control socket at the default path: point it there.
     let default_control = control::default_path(&sb.cache_uuid);
@@ -417,6 +534,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     }
     server.wait_idle();
+    if let Some(recorder) = &recorder {
+        finish_recording(recorder);
+    }
     cache.stop_cleaner();
     tracing::info!(
         "all requests finished; writing the cache map ({} dirty, kept in the cache)",
@@ -432,6 +552,41 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+fn start_recording(path: &std::path::Path, config: &RecordConfig) -> Result<Recorder> {
+    let recorder = Recorder::create(path, config.clone())
+        .with_context(|| "cannot start recording the workload (--record-trace)")?;
+    tracing::info!(
+        "recording requests to {} ({}, at most {})",
+        path.display(),
+        if config.sample_rate >= 1.0 {
+            "all of them".to_owned()
+        } else {
+            format!(
+                "those to {}% of the {} regions",
+                100.0 * config.sample_rate,
+                human(config.sample_region)
+            )
+        },
+        human(config.max_bytes)
+    );
+    Ok(recorder)
+}
+
+fn finish_recording(recorder: &Recorder) {
+    let st = recorder.finish();
+    let summary = format!(
+        "trace {}: {} requests recorded ({}), {} dropped",
+        st.path,
+        st.records_written,
+        human(st.bytes_written),
+        st.records_dropped
+    );
+    match &st.error {
+        Some(e) => tracing::warn!("{summary}; recording failed: {e}"),
+        None => tracing::info!("{summary}; {}", st.state),
+    }
 }
 
 /// On SIGTERM or SIGINT, starts a graceful stop; a second signal is logged, not fatal, so

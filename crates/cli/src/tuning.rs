@@ -76,9 +76,7 @@ impl CacheTuning {
                 }
             }
             if let Some(size) = &c.sequential_cutoff {
-                let cutoff = size.bytes().map_err(|e| {
-                    anyhow!("config file: [volume.{}] sequential_cutoff: {e}", v.name)
-                })?;
+                let cutoff = size.bytes(&format!("[volume.{}] sequential_cutoff", v.name))?;
                 if cutoff != v.sequential_cutoff {
                     changes.push(format!(
                         "volume '{}': sequential cutoff {} (was {})",

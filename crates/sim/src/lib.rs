@@ -4,5 +4,6 @@
 //! and the sizing advisor.
 
 pub mod advise;
+pub mod record;
 pub mod simulate;
 pub mod trace;
