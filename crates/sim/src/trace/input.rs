@@ -359,13 +359,16 @@ impl VolumeTable {
     }
 
     pub fn id(&mut self, name: &[u8], line: &Line<'_>) -> Result<u32, TraceError> {
-        self.id_or(name, |message| line.error(message))
+        self.id_checked(name, line, |_| Ok(()))
     }
 
-    pub fn id_or(
+    /// The id of `name`; a name not seen before must pass `validate` first (checked once per
+    /// volume rather than once per request).
+    pub fn id_checked(
         &mut self,
         name: &[u8],
-        error: impl FnOnce(String) -> TraceError,
+        line: &Line<'_>,
+        validate: impl FnOnce(&[u8]) -> Result<(), TraceError>,
     ) -> Result<u32, TraceError> {
         if let Some(last) = self.last {
             if *self.keys[last as usize] == *name {
@@ -374,7 +377,10 @@ impl VolumeTable {
         }
         let id = match self.ids.get(name) {
             Some(&id) => id,
-            None => self.insert(name).map_err(error)?,
+            None => {
+                validate(name)?;
+                self.insert(name).map_err(|message| line.error(message))?
+            }
         };
         self.last = Some(id);
         Ok(id)
@@ -651,4 +657,114 @@ pub(crate) fn position_in(line: &[u8], field: &[u8]) -> usize {
         "field is not part of the line"
     );
     start
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_numbers() {
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+        assert_eq!(
+            parse_u64(b"00000000000000000000001"),
+            None,
+            "over 20 digits"
+        );
+        for bad in [&b""[..], b"-1", b"+1", b"1 ", b"1e3", b"0x10"] {
+            assert_eq!(parse_u64(bad), None, "{}", Snippet(bad));
+        }
+    }
+
+    #[test]
+    fn hexadecimal_numbers() {
+        assert_eq!(parse_hex_u64(b"2a"), Some(0x2a));
+        assert_eq!(parse_hex_u64(b"0x2A"), Some(0x2a));
+        assert_eq!(parse_hex_u64(b"ffffffffffffffff"), Some(u64::MAX));
+        assert_eq!(parse_hex_u64(b"1ffffffffffffffff"), None);
+        assert_eq!(parse_hex_u64(b"0x"), None);
+        assert_eq!(parse_hex_u64(b"g"), None);
+    }
+
+    #[test]
+    fn scaled_decimals() {
+        assert_eq!(
+            parse_scaled_decimal(b"1455591804.310701000", 9),
+            Some(1_455_591_804_310_701_000)
+        );
+        assert_eq!(parse_scaled_decimal(b"1.5", 3), Some(1500));
+        assert_eq!(parse_scaled_decimal(b"2.75", 6), Some(2_750_000));
+        assert_eq!(parse_scaled_decimal(b".5", 3), Some(500));
+        assert_eq!(parse_scaled_decimal(b"7", 9), Some(7_000_000_000));
+        assert_eq!(
+            parse_scaled_decimal(b"0.1234567891234", 9),
+            Some(123_456_789),
+            "extra digits truncated"
+        );
+        for bad in [
+            &b""[..],
+            b".",
+            b"1.2.3",
+            b"1.x",
+            b"-1.0",
+            b"99999999999999999999.0",
+        ] {
+            assert_eq!(parse_scaled_decimal(bad, 9), None, "{}", Snippet(bad));
+        }
+    }
+
+    #[test]
+    fn exact_splits_count_the_fields_they_found() {
+        assert_eq!(
+            split_exact::<3>(b"a,b,c", b','),
+            Ok([&b"a"[..], b"b", b"c"])
+        );
+        assert_eq!(split_exact::<3>(b"a,b", b','), Err(2));
+        assert_eq!(split_exact::<2>(b"a,b,c,d", b','), Err(4));
+        assert_eq!(
+            split_whitespace_exact::<2>(b"  1 \t 2  "),
+            Ok([&b"1"[..], b"2"])
+        );
+        assert_eq!(split_whitespace_exact::<2>(b"   "), Err(0));
+    }
+
+    #[test]
+    fn snippets_escape_and_cut_what_they_show() {
+        assert_eq!(Snippet(b"a\tb\x00").to_string(), "a\\tb\\0");
+        let long = Snippet(&[b'x'; 100]).to_string();
+        assert!(long.ends_with('…') && long.chars().count() == 61, "{long}");
+    }
+
+    #[test]
+    fn compression_magic_and_names() {
+        assert_eq!(
+            Compression::from_magic(&[0x28, 0xb5, 0x2f, 0xfd, 0]),
+            Compression::Zstd
+        );
+        assert_eq!(Compression::from_magic(&[0x1f, 0x8b, 8]), Compression::Gzip);
+        assert_eq!(Compression::from_magic(b"BZh9"), Compression::Bzip2);
+        assert_eq!(
+            Compression::from_magic(&[0xfd, b'7', b'z', b'X', b'Z', 0]),
+            Compression::Xz
+        );
+        assert_eq!(Compression::from_magic(b"1,2,3"), Compression::None);
+        assert_eq!(
+            name_without_compression(Path::new("/a/P3.LIS.zst")),
+            "p3.lis"
+        );
+        assert_eq!(
+            name_without_compression(Path::new("x.trace.gz.xz")),
+            "x.trace"
+        );
+    }
+
+    #[test]
+    fn the_clock_counts_from_the_first_request_and_never_goes_negative() {
+        let mut clock = Clock::default();
+        assert_eq!(clock.since_first(100), 0);
+        assert_eq!(clock.since_first(150), 50);
+        assert_eq!(clock.since_first(90), 0);
+    }
 }

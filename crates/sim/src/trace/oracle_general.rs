@@ -80,8 +80,9 @@ impl Parser for OracleGeneralReader {
             .clock
             .since_first(u64::from(fields.timestamp))
             .saturating_mul(SECOND_NS);
+        let ctx = &self.records.ctx;
         let not_a_block = |message: String| {
-            self.records.ctx.record_error(
+            ctx.record_error(
                 at,
                 format!(
                     "{message}: obj_id {} is not a block number of a block trace",
@@ -92,14 +93,6 @@ impl Parser for OracleGeneralReader {
         let offset = to_bytes(fields.obj_id, self.id_unit, "obj_id").map_err(not_a_block)?;
         checked_request(time_ns, 0, Op::Read, offset, u64::from(fields.obj_size))
             .map(Some)
-            .map_err(|message| {
-                self.records.ctx.record_error(
-                    at,
-                    format!(
-                        "{message}: obj_id {} is not a block number of a block trace",
-                        fields.obj_id
-                    ),
-                )
-            })
+            .map_err(not_a_block)
     }
 }

@@ -172,13 +172,6 @@ impl LineParser for SsdcacheLines {
             })?;
         let time_us = parse_u64(time_us)
             .ok_or_else(|| line.bad_field("time_us", time_us, "decimal microseconds"))?;
-        if !valid_volume_name(volume) {
-            return Err(line.bad_field(
-                "volume",
-                volume,
-                "a name of 1 to 255 bytes of UTF-8 without control characters",
-            ));
-        }
         let op = match op {
             b"R" => Op::Read,
             b"W" => Op::Write,
@@ -188,7 +181,17 @@ impl LineParser for SsdcacheLines {
             .ok_or_else(|| line.bad_field("offset", offset, "a decimal byte offset"))?;
         let length = parse_u64(length)
             .ok_or_else(|| line.bad_field("length", length, "a decimal byte count"))?;
-        let volume = self.volumes.id(volume, line)?;
+        let volume = self.volumes.id_checked(volume, line, |name| {
+            if valid_volume_name(name) {
+                Ok(())
+            } else {
+                Err(line.bad_field(
+                    "volume",
+                    name,
+                    "a name of 1 to 255 bytes of UTF-8 without control characters",
+                ))
+            }
+        })?;
         let time_ns = self
             .clock
             .since_first(time_us)

@@ -1,6 +1,8 @@
 //! Shared by the trace tests: where the shared traces are, and reading a whole trace.
 #![allow(dead_code)]
 
+pub mod samples;
+
 use std::path::{Path, PathBuf};
 
 use ssdcache_sim::trace::{self, Format, Op, Request, Trace, TraceError};
