@@ -130,7 +130,7 @@ fn a_line_cut_in_half_is_reported_at_its_line() {
 
 #[test]
 fn bad_numbers_and_operations_name_the_field_and_what_was_found() {
-    let cases: [(Format, &str, &str, &[&str]); 12] = [
+    let cases: [(Format, &str, &str, &[&str]); 13] = [
         (
             Format::Msr,
             "128166385295514663,hm,0,Write,90x6,2048,2833\n",
@@ -174,6 +174,12 @@ fn bad_numbers_and_operations_name_the_field_and_what_was_found() {
             "  8,0 3 1 0.0 697 Q X 223490 + 8 [k]\n",
             "",
             &["RWBS", "`X`"],
+        ),
+        (
+            Format::Blkparse,
+            "  8,0 3 1 0.0 697 Q WS [k]\n",
+            "",
+            &["sector + sectors"],
         ),
         (
             Format::FioIolog,

@@ -40,9 +40,10 @@ const BLKPARSE: &str = "\
   8,0    0        2     0.001100000  1234  Q FWFS 2000 + 8 [jbd2/sda1-8]
   8,0    0        3     0.001200000  1234  Q  FN [kworker/0:1]
   8,0    0        4     0.001300000  1234  Q   D 4096 + 2048 [fstrim]
+  8,0    0        5     0.001400000  1234  Q FWS [jbd2/sda1-8]
   8,16   1        1     0.002000000   555  Q  RA 8 + 8 [dd]
   8,16   1        2     0.002100000   555  A   R 16 + 8 <- (8,17) 8
-  8,0    0        5     0.003000000     0  m   N cfq1234 slice expired
+  8,0    0        6     0.003000000     0  m   N cfq1234 slice expired
   8,16   1        3     0.002500000   555  D   R 8 + 8 [dd]
   8,16   1        4     0.004000000     0  C   R 8 + 8 [0]
 CPU0 (8,0):
@@ -70,7 +71,10 @@ fn blkparse_queue_events_become_requests_and_the_summary_ends_the_trace() {
         ]
     );
     assert_eq!(volumes, ["8,0", "8,16"]);
-    assert_eq!(skipped, 2, "the bare flush FN and the discard D");
+    assert_eq!(
+        skipped, 3,
+        "the bare flush FN, the discard D and the empty pre-flush write FWS"
+    );
 }
 
 #[test]
@@ -107,7 +111,7 @@ fn blkparse_can_take_issue_or_completion_events_instead() {
 }
 
 #[test]
-fn fio_iolog_v2_with_waits_trims_syncs_and_two_files() {
+fn fio_iolog_v2_with_waits_in_milliseconds_since_the_start_trims_syncs_and_two_files() {
     let log = "\
 fio version 2 iolog
 /dev/sdb add
@@ -115,6 +119,7 @@ fio version 2 iolog
 /dev/sdb write 0 4096
 /dev/sdb wait 500 0
 /dev/sdb read 8192 512
+/dev/sdb wait 200 0
 /dev/sdb trim 0 1048576
 /dev/sdb sync 0 0
 /tmp/f add
@@ -129,12 +134,13 @@ fio version 2 iolog
         requests,
         vec![
             request(0, 0, Op::Write, 0, 4096),
-            request(500_000, 0, Op::Read, 8192, 512),
-            request(500_000, 1, Op::Read, 4096, 4096),
+            // wait 500: until 500 ms after the start; the later wait 200 is already past
+            request(500_000_000, 0, Op::Read, 8192, 512),
+            request(500_000_000, 1, Op::Read, 4096, 4096),
         ]
     );
     assert_eq!(volumes, ["/dev/sdb", "/tmp/f"]);
-    assert_eq!(skipped, 10);
+    assert_eq!(skipped, 11);
 }
 
 #[test]

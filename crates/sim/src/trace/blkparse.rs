@@ -10,7 +10,8 @@
 //! merges; the default), or `D` (issued to the driver) or `C` (completed) by
 //! [`super::BlkparseAction`]; every other event line is passed over. The RWBS field's operation
 //! letter (after a leading `F`, a pre-flush) gives the operation: `R` read, `W` write; `D`
-//! (discard), `N` (no data), `E` (secure erase) and a bare flush are skipped records. The
+//! (discard), `N` (no data), `E` (secure erase), a bare flush and a pre-flush without a sector
+//! range (`Q FWS [jbd2]`) are skipped records. The
 //! trailing letters (`F` FUA, `A` readahead, `S` sync, `M` metadata) are ignored. The summary
 //! blkparse prints at the end (`CPU0 (8,0):`, `Total (8,0):`, ...) ends the trace.
 
@@ -151,6 +152,11 @@ impl LineParser for BlkparseLines {
         };
         let (sector, plus, count) = (fields.next(), fields.next(), fields.next());
         let (Some(sector), Some(b"+"), Some(count)) = (sector, plus, count) else {
+            // An empty write with a pre-flush (`Q FWS [jbd2]`, `C FWS 0 [0]`) is a flush.
+            if rwbs.starts_with(b"F") {
+                self.skipped += 1;
+                return Ok(None);
+            }
             return Err(line.error(format!(
                 "expected `sector + sectors` after the RWBS field of a read or write, found `{}`",
                 Snippet(line.text)

@@ -7,8 +7,10 @@
 //! ```
 //!
 //! Offsets and lengths are bytes; the v3 timestamp is microseconds since the start of the run
-//! (fio writes `utime_since_now`); v2 has no timestamps, its `wait` action (offset =
-//! microseconds to wait) advances the time. Actions `read` and `write` are requests; `trim`,
+//! (fio writes `utime_since_now`). v2 has no timestamps; its `wait` action sets the time: fio's
+//! HOWTO calls its offset microseconds relative to the previous wait, but fio's replay code
+//! (`read_iolog_get` in iolog.c, unchanged since 2009) waits until `offset` milliseconds after
+//! the job started, and this reader follows the code. Actions `read` and `write` are requests; `trim`,
 //! `sync`, `datasync`, `sync_file_range`, `syncfs`, `wait` and the file actions `add`, `open`,
 //! `close` are skipped records; any other action is an error. Each file name is a volume
 //! (in order of its first read or write).
@@ -24,6 +26,7 @@ use super::input::{
 use super::{Op, Parser, Request, TraceError};
 
 const MICROSECOND_NS: u64 = 1_000;
+const MILLISECOND_US: u64 = 1_000;
 const HEADER_V2: &[u8] = b"fio version 2 iolog";
 const HEADER_V3: &[u8] = b"fio version 3 iolog";
 
@@ -67,7 +70,7 @@ struct FioLines {
     version: Version,
     volumes: VolumeTable,
     clock: Clock,
-    /// v2: the sum of `wait` actions so far, the only time such a log has.
+    /// v2: the time the last `wait` action waited for, the only time such a log has.
     waited_us: u64,
     skipped: u64,
 }
@@ -151,7 +154,8 @@ impl LineParser for FioLines {
             Action::Io(op) => op,
             Action::Wait => {
                 if self.version == Version::V2 {
-                    self.waited_us = self.waited_us.saturating_add(offset);
+                    let until_us = offset.saturating_mul(MILLISECOND_US);
+                    self.waited_us = self.waited_us.max(until_us);
                 }
                 self.skipped += 1;
                 return Ok(None);

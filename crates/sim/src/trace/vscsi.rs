@@ -174,14 +174,14 @@ impl Parser for VscsiReader {
                     ),
                 ));
             }
-            let time_ns = self
-                .clock
-                .since_first(fields.ts)
-                .saturating_mul(MICROSECOND_NS);
             let Some(op) = scsi_op(u64::from(fields.cmd)) else {
                 self.skipped += 1;
                 continue;
             };
+            let time_ns = self
+                .clock
+                .since_first(fields.ts)
+                .saturating_mul(MICROSECOND_NS);
             let offset = to_bytes(fields.lbn, SECTOR, "lbn")
                 .map_err(|m| self.records.ctx.record_error(at, m))?;
             return checked_request(time_ns, 0, op, offset, u64::from(fields.len))

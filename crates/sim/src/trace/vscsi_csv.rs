@@ -58,11 +58,11 @@ impl LineParser for VscsiCsvLines {
             .ok_or_else(|| line.bad_field("size", size, "a decimal byte count"))?;
         let lbn = parse_u64(trim(lbn))
             .ok_or_else(|| line.bad_field("lbn", lbn, "a decimal 512-byte block number"))?;
-        let time_ns = self.clock.since_first(time);
         let Some(op) = scsi_op(opcode) else {
             self.skipped += 1;
             return Ok(None);
         };
+        let time_ns = self.clock.since_first(time);
         let offset = to_bytes(lbn, SECTOR, "lbn").map_err(|m| line.error(m))?;
         checked_request(time_ns, 0, op, offset, size)
             .map(Some)
