@@ -3,4 +3,5 @@
 //! replacement policies and admission code, miss-ratio curves (exact LRU and SHARDS sampling)
 //! and the sizing advisor.
 
+pub mod mrc;
 pub mod trace;
