@@ -4,4 +4,5 @@
 //! and the sizing advisor.
 
 pub mod mrc;
+pub mod plot;
 pub mod trace;
