@@ -4,6 +4,8 @@
 //! and the sizing advisor.
 
 pub mod advise;
+pub mod mrc;
+pub mod plot;
 pub mod record;
 pub mod simulate;
 pub mod trace;
