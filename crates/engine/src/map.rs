@@ -196,7 +196,7 @@ impl MapState {
             }
             let (keys, dirty, durable) = (&self.keys, &self.dirty, &self.maybe_durable_dirty);
             let wpl = self.words_per_line;
-            let victim = self.policy.victim(&mut |s| {
+            let victim = self.policy.victim(key, &mut |s| {
                 let at = s as usize * wpl;
                 !durable[s as usize]
                     && dirty[at..at + wpl].iter().all(|&w| w == 0)

@@ -43,7 +43,7 @@ impl ReplacementPolicy for Clock {
         self.ring.unlink(slot);
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+    fn victim(&mut self, _incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
         for _ in 0..2 * self.ring.len(RING) {
             let s = self.ring.oldest(RING)?;
             if self.referenced[s as usize] {
@@ -77,15 +77,15 @@ mod tests {
         }
         c.touch(0);
         c.touch(2);
-        assert_eq!(c.victim(&mut |_| true), Some(1));
+        assert_eq!(c.victim(u64::MAX, &mut |_| true), Some(1));
         c.remove(1);
-        assert_eq!(c.victim(&mut |_| true), Some(3));
+        assert_eq!(c.victim(u64::MAX, &mut |_| true), Some(3));
         c.remove(3);
         // 0 and 2 had their second chance: now they go, oldest first.
-        assert_eq!(c.victim(&mut |_| true), Some(0));
+        assert_eq!(c.victim(u64::MAX, &mut |_| true), Some(0));
         c.remove(0);
         c.insert(0, 10);
-        assert_eq!(c.victim(&mut |_| true), Some(2));
+        assert_eq!(c.victim(u64::MAX, &mut |_| true), Some(2));
     }
 
     #[test]
@@ -95,7 +95,7 @@ mod tests {
             c.insert(s, u64::from(s));
             c.touch(s);
         }
-        assert_eq!(c.victim(&mut |_| true), Some(0));
+        assert_eq!(c.victim(u64::MAX, &mut |_| true), Some(0));
     }
 
     #[test]
@@ -105,13 +105,13 @@ mod tests {
             c.insert(s, u64::from(s));
             c.touch(s);
         }
-        assert_eq!(c.victim(&mut |_| false), None);
+        assert_eq!(c.victim(u64::MAX, &mut |_| false), None);
         assert_eq!(c.tracked(), 4);
-        assert_eq!(c.victim(&mut |s| s == 3), Some(3));
+        assert_eq!(c.victim(u64::MAX, &mut |s| s == 3), Some(3));
         c.remove(3);
         c.remove(2);
         c.remove(1);
-        assert_eq!(c.victim(&mut |s| s == 1), None);
-        assert_eq!(c.victim(&mut |_| true), Some(0));
+        assert_eq!(c.victim(u64::MAX, &mut |s| s == 1), None);
+        assert_eq!(c.victim(u64::MAX, &mut |_| true), Some(0));
     }
 }

@@ -33,7 +33,7 @@ impl ReplacementPolicy for Fifo {
         self.queue.unlink(slot);
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+    fn victim(&mut self, _incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
         for _ in 0..self.queue.len(QUEUE) {
             let s = self.queue.oldest(QUEUE)?;
             if evictable(s) {
@@ -68,7 +68,7 @@ mod tests {
             f.touch(0);
         }
         let mut order = Vec::new();
-        while let Some(v) = f.victim(&mut |_| true) {
+        while let Some(v) = f.victim(u64::MAX, &mut |_| true) {
             order.push(v);
             f.remove(v);
         }
@@ -82,16 +82,16 @@ mod tests {
         for s in 0..4 {
             f.insert(s, u64::from(s));
         }
-        assert_eq!(f.victim(&mut |s| s >= 2), Some(2));
-        assert_eq!(f.victim(&mut |_| false), None);
+        assert_eq!(f.victim(u64::MAX, &mut |s| s >= 2), Some(2));
+        assert_eq!(f.victim(u64::MAX, &mut |_| false), None);
         assert_eq!(f.tracked(), 4);
         // 0 and 1 were passed over and moved on, behind 3.
-        assert_eq!(f.victim(&mut |s| s != 2), Some(3));
+        assert_eq!(f.victim(u64::MAX, &mut |s| s != 2), Some(3));
         f.remove(3);
         f.remove(2);
-        assert_eq!(f.victim(&mut |_| true), Some(0));
+        assert_eq!(f.victim(u64::MAX, &mut |_| true), Some(0));
         f.remove(0);
         f.remove(1);
-        assert_eq!(f.victim(&mut |_| true), None);
+        assert_eq!(f.victim(u64::MAX, &mut |_| true), None);
     }
 }

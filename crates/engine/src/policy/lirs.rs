@@ -195,7 +195,7 @@ impl ReplacementPolicy for Lirs {
         self.prune();
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+    fn victim(&mut self, _incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
         self.victim = NO_SLOT;
         for _ in 0..self.queue.len(ONLY) {
             let s = self.queue.oldest(ONLY)?;
@@ -230,7 +230,7 @@ mod tests {
     use super::*;
 
     fn evict(p: &mut Lirs) -> u32 {
-        let v = p.victim(&mut |_| true).unwrap();
+        let v = p.victim(u64::MAX, &mut |_| true).unwrap();
         p.remove(v);
         v
     }
@@ -302,17 +302,17 @@ mod tests {
         for s in 0..100 {
             p.insert(s, u64::from(s));
         }
-        assert_eq!(p.victim(&mut |_| false), None);
+        assert_eq!(p.victim(u64::MAX, &mut |_| false), None);
         // Q (slot 99) is busy: the least recent evictable LIR line goes.
-        assert_eq!(p.victim(&mut |s| s != 99 && s >= 10), Some(10));
+        assert_eq!(p.victim(u64::MAX, &mut |s| s != 99 && s >= 10), Some(10));
         p.remove(10);
         assert_eq!(p.tracked(), 99);
-        assert_eq!(p.victim(&mut |s| s == 10), None);
+        assert_eq!(p.victim(u64::MAX, &mut |s| s == 10), None);
         // Invalidation of the HIR line, then every slot: nothing left.
         for s in 0..100 {
             p.remove(s);
         }
         assert_eq!(p.tracked(), 0);
-        assert_eq!(p.victim(&mut |_| true), None);
+        assert_eq!(p.victim(u64::MAX, &mut |_| true), None);
     }
 }

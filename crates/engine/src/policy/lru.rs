@@ -80,7 +80,7 @@ impl ReplacementPolicy for Lru {
         }
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+    fn victim(&mut self, _incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
         let mut s = self.tail;
         while s != NONE {
             if evictable(s) {
@@ -111,13 +111,13 @@ mod tests {
             lru.insert(s, u64::from(s));
         }
         lru.touch(0);
-        assert_eq!(lru.victim(&mut |_| true), Some(1));
-        assert_eq!(lru.victim(&mut |s| s != 1), Some(2));
+        assert_eq!(lru.victim(u64::MAX, &mut |_| true), Some(1));
+        assert_eq!(lru.victim(u64::MAX, &mut |s| s != 1), Some(2));
         lru.remove(1);
         lru.remove(2);
-        assert_eq!(lru.victim(&mut |_| true), Some(3));
+        assert_eq!(lru.victim(u64::MAX, &mut |_| true), Some(3));
         lru.remove(3);
         lru.remove(0);
-        assert_eq!(lru.victim(&mut |_| true), None);
+        assert_eq!(lru.victim(u64::MAX, &mut |_| true), None);
     }
 }

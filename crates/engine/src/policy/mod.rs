@@ -29,12 +29,17 @@ pub use s3fifo::S3Fifo;
 ///
 /// The engine calls `insert` when a slot is filled (allocation, or restore at open), `touch`
 /// on a lookup that finds the line, `remove` whenever a slot is released, and `victim` when it
-/// needs a slot and none is free. It releases the slot `victim` returns right away, so the
-/// next call is `remove` of that slot: policies with ghosts record the evicted line's key
-/// there, in the `remove` that follows the `victim` returning that slot. Any other `remove`
-/// is an invalidation (TRIM, overwrite-around, recovery dropping a line) and leaves no ghost.
-/// After a `victim` that is not followed by the `remove` of its slot, the slot stays tracked
-/// and no ghost is recorded.
+/// needs a slot for a missing line and none is free. `victim` is told the key of the line that
+/// will take the slot, so a policy can act on the miss before it chooses (ARC adapts its
+/// target and applies its tie rule for a key in its B2 ghost list; S3-FIFO takes the key out
+/// of its ghost queue before the eviction adds one). The engine releases the slot `victim`
+/// returns right away, so the next call is `remove` of that slot: policies with ghosts record
+/// the evicted line's key there, in the `remove` that follows the `victim` returning that
+/// slot. Any other `remove` is an invalidation (TRIM, overwrite-around, recovery dropping a
+/// line) and leaves no ghost. After a `victim` that is not followed by the `remove` of its
+/// slot, the slot stays tracked and no ghost is recorded. Usually `insert` of the key comes
+/// next; the engine may instead ask `victim` again for the same key (the released slot did not
+/// come free), or give up (nothing evictable).
 pub trait ReplacementPolicy: Send {
     /// A slot now holds the line `key` (newly filled). `key` identifies the line across
     /// evictions (the engine passes `line_key(volume, line)`), so a policy can tell a line
@@ -46,12 +51,13 @@ pub trait ReplacementPolicy: Send {
     /// A slot was freed; it must not be returned as a victim any more. Ignored for an
     /// untracked slot.
     fn remove(&mut self, slot: u32);
-    /// The slot to evict next, never one for which `evictable` is false (the engine's
-    /// predicate excludes lines in use, dirty lines and lines pending a journal commit).
+    /// The slot to evict next to make room for the line `incoming` (a key as in `insert`, not
+    /// tracked), never one for which `evictable` is false (the engine's predicate excludes
+    /// lines in use, dirty lines and lines pending a journal commit).
     /// `None` exactly when no tracked slot is evictable. The policy may reorder its state
     /// while it looks (a CLOCK hand moves on, a non-evictable slot is reinserted) but it keeps
     /// every slot tracked, and the search is bounded.
-    fn victim(&mut self, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32>;
+    fn victim(&mut self, incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32>;
     /// How many slots the policy tracks (inserted and not removed).
     fn tracked(&self) -> u32;
     fn name(&self) -> &'static str;
@@ -122,7 +128,7 @@ pub fn simulate_hits(
         let slot = match free.pop() {
             Some(s) => s,
             None => {
-                let Some(v) = policy.victim(&mut |_| true) else {
+                let Some(v) = policy.victim(key, &mut |_| true) else {
                     continue; // no slot at all
                 };
                 map.remove(&key_of[v as usize]);
@@ -180,9 +186,17 @@ mod tests {
         Insert(u32, u64),
         Touch(u32),
         Remove(u32),
-        /// Victim with an evictable mask over slots; then, if asked, remove the victim (what
+        /// Victim for an incoming key with an evictable mask over slots; then, as asked,
+        /// nothing, remove the victim, or remove it and insert the incoming key there (what
         /// the engine does).
-        Victim(u64, bool),
+        Victim(u64, u64, After),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum After {
+        Nothing,
+        Remove,
+        RemoveInsert,
     }
 
     fn ops(slots: u32) -> impl Strategy<Value = Vec<Op>> {
@@ -191,10 +205,18 @@ mod tests {
             4 => (0..slots, 0..48u64).prop_map(|(s, k)| Op::Insert(s, k)),
             3 => (0..slots).prop_map(Op::Touch),
             1 => (0..slots).prop_map(Op::Remove),
-            4 => (mask, prop::bool::weighted(0.8)).prop_map(|(m, r)| Op::Victim(m, r)),
+            4 => (
+                mask,
+                0..48u64,
+                prop_oneof![Just(After::Nothing), Just(After::Remove), Just(After::RemoveInsert)]
+            )
+                .prop_map(|(m, k, a)| Op::Victim(m, k, a)),
         ];
         prop::collection::vec(op, 0..300)
     }
+
+    /// A key the generated operations never insert.
+    const NOT_HELD: u64 = 1 << 40;
 
     /// Drives a policy like the engine does and checks it against the set of tracked slots.
     fn check(id: u32, slots: u32, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -216,10 +238,17 @@ mod tests {
                     p.remove(s);
                     held.remove(&s);
                 }
-                Op::Victim(mask, then_remove) => {
+                Op::Victim(mask, key, after) => {
                     let ok = |s: u32| mask >> (s % 64) & 1 == 1;
+                    // The incoming line is never one held (the engine allocates for a miss);
+                    // NOT_HELD stands in for it then, and is not inserted.
+                    let (incoming, after) = match after {
+                        _ if !held.values().any(|&v| v == key) => (key, after),
+                        After::RemoveInsert => (NOT_HELD, After::Remove),
+                        _ => (NOT_HELD, after),
+                    };
                     let mut asked_untracked = BTreeSet::new();
-                    let got = p.victim(&mut |s| {
+                    let got = p.victim(incoming, &mut |s| {
                         if !held.contains_key(&s) {
                             asked_untracked.insert(s);
                         }
@@ -236,9 +265,13 @@ mod tests {
                                 "{name}: op {i}: victim {v} untracked"
                             );
                             prop_assert!(ok(v), "{name}: op {i}: victim {v} not evictable");
-                            if then_remove {
+                            if !matches!(after, After::Nothing) {
                                 p.remove(v);
                                 held.remove(&v);
+                            }
+                            if matches!(after, After::RemoveInsert) {
+                                p.insert(v, incoming);
+                                held.insert(v, incoming);
                             }
                         }
                         None => prop_assert!(
@@ -252,7 +285,7 @@ mod tests {
         }
         // Drain: every tracked slot comes out exactly once.
         let mut drained = BTreeSet::new();
-        while let Some(v) = p.victim(&mut |_| true) {
+        while let Some(v) = p.victim(NOT_HELD, &mut |_| true) {
             prop_assert!(drained.insert(v), "{name}: {v} returned twice");
             p.remove(v);
         }
