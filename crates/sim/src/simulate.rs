@@ -292,7 +292,7 @@ impl Simulation {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
-                let Some(victim) = self.policy.victim(&mut |_| true) else {
+                let Some(victim) = self.policy.victim(key, &mut |_| true) else {
                     unreachable!("a full cache of evictable lines has a victim");
                 };
                 self.counters.evictions += 1;
