@@ -7,6 +7,7 @@ mod devices;
 mod hdd_emulator;
 mod report;
 mod serve;
+mod simulate;
 mod size;
 mod tuning;
 mod writeback;
@@ -161,6 +162,26 @@ writes every dirty line back with progress, and only then switches; interrupted,
 in write-back."
     )]
     SetMode(writeback::SetModeArgs),
+    /// Replay a block trace against simulated caches: hit ratios, SSD writes, disk traffic
+    #[command(
+        long_about = "Replays a block I/O trace (a public trace, or one recorded by `ssdcache serve \
+--record-trace`) against simulated caches, one for every combination of --policy, --cache-size and \
+--admission, and prints for each: the hit ratio (of the cache lines the requests touch), the read \
+and the write hit ratio, the bytes written to the cache device (what wears an SSD out), and the \
+bytes read from and written to the backing device.\n\n\
+The simulated caches run the engine's own replacement policies, admission (N-hit ghost table) and \
+stream detector, not copies, so what the simulator says is what ssdcache would do, with the \
+simplifications listed in docs/simulator.md (lines are cached whole; no timing). All caches are \
+simulated in one pass over the trace, spread over --jobs threads; memory is about 50 bytes per \
+cache line simulated.\n\n\
+Sizes are bytes (1GiB) or shares of the trace's footprint (10% of the distinct lines it touches); \
+the footprint takes a first pass over the trace. A trace recorded with --record-sample covers part \
+of the address space: sizes and byte counts are scaled to the whole.\n\n\
+Examples:\n  ssdcache simulate --trace web.trace.zst --policy lru,s3fifo --cache-size 1GiB,4GiB,16GiB\n  \
+ssdcache simulate --trace sdb.trace --mode write-back --admission always,2-hit --csv > out.csv\n  \
+ssdcache simulate --trace P6.lis.zst --plot p6.svg"
+    )]
+    Simulate(simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -186,6 +207,7 @@ fn main() -> ExitCode {
         Command::Detach(a) => writeback::detach(a),
         Command::Recover(a) => writeback::recover(a),
         Command::SetMode(a) => writeback::set_mode(a),
+        Command::Simulate(a) => simulate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
