@@ -137,6 +137,9 @@ pub struct TraceSummary {
     pub bytes_written: u64,
     /// Time between the first and the last request, 0 when the format has no times.
     pub seconds: f64,
+    /// The sum over volumes of the highest byte a request reached: a lower bound of the
+    /// disks' capacity.
+    pub address_span: u64,
 }
 
 /// Opens a trace, with the path in the error.
@@ -152,6 +155,7 @@ pub fn summarize(args: &TraceArgs) -> Result<(TraceSummary, TraceInfo)> {
     let mut seen: FxHashSet<u64> = FxHashSet::default();
     let mut s = TraceSummary::default();
     let mut last_ns = 0;
+    let mut ends: rustc_hash::FxHashMap<u32, u64> = Default::default();
     for r in progress(trace, "reading") {
         let r = r.with_context(|| format!("cannot read trace {}", args.trace.display()))?;
         s.requests += 1;
@@ -160,6 +164,8 @@ pub fn summarize(args: &TraceArgs) -> Result<(TraceSummary, TraceInfo)> {
             trace::Op::Write => (s.writes += 1, s.bytes_written += r.len).1,
         };
         last_ns = last_ns.max(r.time_ns);
+        let end = ends.entry(r.volume).or_default();
+        *end = (*end).max(r.offset + r.len);
         for key in block_keys(&r, args.line_size) {
             s.line_refs += 1;
             seen.insert(key);
@@ -173,6 +179,7 @@ pub fn summarize(args: &TraceArgs) -> Result<(TraceSummary, TraceInfo)> {
     }
     s.unique_lines = seen.len() as u64;
     s.seconds = last_ns as f64 / 1e9;
+    s.address_span = ends.values().sum();
     Ok((s, info))
 }
 
@@ -243,14 +250,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             }
         }
     }
-    let jobs = args.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
-    let trace = open_trace(&args.trace)?;
-    let results = simulate::run(progress(trace, "simulating"), &configs, jobs)
-        .context("invalid simulation settings")?
-        .with_context(|| format!("cannot read trace {}", args.trace.trace.display()))?;
-    let report = Report::new(&args.trace, &info, summary, results);
+    let report = simulate_all(&args.trace, &info, summary, &configs, args.jobs)?;
     if let Some(path) = &args.plot {
         write_plot(path, &report)?;
     }
@@ -264,6 +264,24 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         report.write_table(&mut out)?;
     }
     Ok(())
+}
+
+/// Simulates `configs` over one more pass of the trace.
+pub fn simulate_all(
+    args: &TraceArgs,
+    info: &TraceInfo,
+    summary: TraceSummary,
+    configs: &[SimConfig],
+    jobs: Option<usize>,
+) -> Result<Report> {
+    let jobs = jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let trace = open_trace(args)?;
+    let results = simulate::run(progress(trace, "simulating"), configs, jobs)
+        .context("invalid simulation settings")?
+        .with_context(|| format!("cannot read trace {}", args.trace.display()))?;
+    Ok(Report::new(args, info, summary, results))
 }
 
 /// One row of the results, scaled to the whole trace when it was sampled.
