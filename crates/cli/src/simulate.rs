@@ -142,10 +142,9 @@ pub struct TraceSummary {
     pub address_span: u64,
 }
 
-/// Opens a trace, with the path in the error.
+/// Opens a trace. Trace errors name the file and the line or offset themselves.
 pub fn open_trace(args: &TraceArgs) -> Result<Trace> {
-    trace::open(&args.trace, args.format)
-        .with_context(|| format!("cannot read trace {}", args.trace.display()))
+    Ok(trace::open(&args.trace, args.format)?)
 }
 
 /// One pass counting the footprint (unique lines) and the shape of a trace.
@@ -157,7 +156,7 @@ pub fn summarize(args: &TraceArgs) -> Result<(TraceSummary, TraceInfo)> {
     let mut last_ns = 0;
     let mut ends: rustc_hash::FxHashMap<u32, u64> = Default::default();
     for r in progress(trace, "reading") {
-        let r = r.with_context(|| format!("cannot read trace {}", args.trace.display()))?;
+        let r = r?;
         s.requests += 1;
         match r.op {
             trace::Op::Read => (s.reads += 1, s.bytes_read += r.len).1,
@@ -279,8 +278,7 @@ pub fn simulate_all(
     });
     let trace = open_trace(args)?;
     let results = simulate::run(progress(trace, "simulating"), configs, jobs)
-        .context("invalid simulation settings")?
-        .with_context(|| format!("cannot read trace {}", args.trace.display()))?;
+        .context("invalid simulation settings")??;
     Ok(Report::new(args, info, summary, results))
 }
 
