@@ -8,7 +8,7 @@
 //! curve over 100 sizes evenly spaced from 1% to 100% of the unique blocks, as "mean / max"
 //! over SEEDS hash seeds (default 20; one seed is one random sample, and on a small trace the
 //! error of one draw says little), for fixed-rate 1% and for fixed-size samples of each
-//! MAX_KEYS (default 8192,16384,32768), each without and with SHARDS_adj, and the sampled
+//! MAX_KEYS (default 8192,16384,32768,65536), each without and with SHARDS_adj, and the sampled
 //! keys (mean over seeds). A summary gives the largest MAE × √(sampled keys): the constant of
 //! the error `ssdcache mrc` states.
 //!
@@ -231,7 +231,7 @@ fn main() -> Result<()> {
     }
     let max_keys: Vec<usize> = args
         .next()
-        .unwrap_or_else(|| "8192,16384,32768".into())
+        .unwrap_or_else(|| "8192,16384,32768,65536".into())
         .split(',')
         .map(str::parse)
         .collect::<std::result::Result<_, _>>()?;
