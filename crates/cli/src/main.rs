@@ -6,6 +6,7 @@ mod control;
 mod create;
 mod devices;
 mod hdd_emulator;
+mod mrc;
 mod report;
 mod serve;
 mod simulate;
@@ -203,6 +204,9 @@ disk; see docs/simulator.md.\n\n\
 Example:\n  ssdcache advise --trace /var/tmp/sdb.trace --target-hit-ratio 0.9 --capacity 8TB --ssd-tbw 600"
     )]
     Advise(advise::AdviseArgs),
+    /// The LRU miss-ratio curve of a trace over cache sizes: exact, or SHARDS with its error
+    #[command(long_about = mrc::LONG_ABOUT)]
+    Mrc(mrc::MrcArgs),
 }
 
 fn main() -> ExitCode {
@@ -230,6 +234,7 @@ fn main() -> ExitCode {
         Command::SetMode(a) => writeback::set_mode(a),
         Command::Simulate(a) => simulate::run(a),
         Command::Advise(a) => advise::run(a),
+        Command::Mrc(a) => mrc::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,157 +1,76 @@
-//! Measures SHARDS against the exact LRU miss-ratio curve on the shared traces.
+//! Measures SHARDS against the exact LRU miss-ratio curve on every shared trace, read by the
+//! crate's own trace readers; docs/mrc.md quotes its output.
 //!
-//! `cargo run --release -p ssdcache-sim --example mrc_accuracy [TRACES_DIR] [SEEDS]`
+//! `cargo run --release -p ssdcache-sim --example mrc_accuracy [SEEDS] [MAX_KEYS,...]`
 //!
-//! Every request is split into the 4 KiB blocks it touches, one reference each. For each
-//! trace it prints the mean absolute error against the exact curve, over 100 sizes evenly
-//! spaced from 1% to 100% of the unique blocks, as "mean / max" over SEEDS hash seeds
-//! (default 20): one seed is one random sample, and on a small trace the error of one draw
-//! says little. Configurations: fixed-rate 1% without and with SHARDS_adj; the mean of 10
-//! fixed-rate 1% curves with different seeds (each group of 10 seeds is one estimate);
-//! fixed-size with 8192 keys, and with 1% of the unique blocks.
+//! Every request is split into the 4 KiB blocks it touches, one reference each (what
+//! `ssdcache mrc` does). For each trace it prints the mean absolute error against the exact
+//! curve over 100 sizes evenly spaced from 1% to 100% of the unique blocks, as "mean / max"
+//! over SEEDS hash seeds (default 20; one seed is one random sample, and on a small trace the
+//! error of one draw says little), for fixed-rate 1% and for fixed-size samples of each
+//! MAX_KEYS (default 8192,16384,32768,65536), each without and with SHARDS_adj, and the sampled
+//! keys (mean over seeds). A summary gives the largest MAE × √(sampled keys): the constant of
+//! the error `ssdcache mrc` states.
 //!
-//! The parsers here are minimal stand-ins with just enough checking for these files; the
-//! crate's trace readers are the real thing.
+//! A second table measures what a recording sampled by region (`serve --record-trace
+//! --record-sample`) does to the curve: requests are kept when their first region is picked by
+//! the recorder's own sampler (seeds vary the volume names it hashes), the kept trace's exact
+//! curve is read at sizes scaled by the rate, and compared with the whole trace's.
 
+#[path = "../tests/common/shared_traces.rs"]
+mod shared_traces;
+
+use shared_traces::SHARED_TRACES;
 use ssdcache_sim::mrc::{
-    average_curves, evenly_spaced_sizes, mean_absolute_error, Correction, CurvePoint, ExactMrc,
-    Sampling, ShardsMrc,
+    evenly_spaced_sizes, mean_absolute_error, Correction, CurvePoint, ExactMrc, Sampling, ShardsMrc,
 };
+use ssdcache_sim::record::{volume_hash, Sampler};
+use ssdcache_sim::trace::{self, block_keys, Format, Request};
+use std::collections::HashSet;
 use std::error::Error;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
-const BLOCK: u64 = 4096;
-const SECTOR: u64 = 512;
+const LINE_SIZE: u64 = 4096;
+/// The region `serve --record-trace` samples by (its default).
+const RECORDER_REGION: u64 = 1 << 20;
 
-/// The 4 KiB blocks `[offset, offset + len)` touches, tagged with the device.
-fn push_blocks(keys: &mut Vec<u64>, device: u64, offset: u64, len: u64) {
-    if len == 0 {
-        return;
+fn read_requests(path: &Path, format: Format) -> Result<Vec<Request>> {
+    let mut requests = Vec::new();
+    for request in trace::open(path, format)? {
+        requests.push(request?);
     }
-    let (first, last) = (offset / BLOCK, (offset + len - 1) / BLOCK);
-    keys.extend((first..=last).map(|block| device << 48 | block));
+    Ok(requests)
 }
 
-fn lines(path: &Path) -> Result<Vec<String>> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let reader: Box<dyn Read> = match path.extension().and_then(|e| e.to_str()) {
-        Some("zst") => Box::new(zstd::Decoder::new(file)?),
-        Some("gz") => Box::new(flate2::read::GzDecoder::new(file)),
-        _ => Box::new(file),
-    };
-    let lines: std::io::Result<Vec<String>> = BufReader::new(reader).lines().collect();
-    Ok(lines.map_err(|e| format!("{}: {e}", path.display()))?)
+fn block_references<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Vec<u64> {
+    requests
+        .into_iter()
+        .flat_map(|request| block_keys(request, LINE_SIZE))
+        .collect()
 }
 
-fn field(fields: &[&str], index: usize, path: &Path, line: usize) -> Result<u64> {
-    let text = fields.get(index).ok_or_else(|| {
-        format!(
-            "{}:{line}: expected at least {} fields",
-            path.display(),
-            index + 1
-        )
-    })?;
-    let parsed = text.trim().parse().map_err(|e| {
-        format!(
-            "{}:{line}: field {}: {text:?}: {e}",
-            path.display(),
-            index + 1
-        )
-    })?;
-    Ok(parsed)
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
 }
 
-/// ARC `.lis`: `start_sector sectors ignored request_number`.
-fn arc(path: &Path) -> Result<Vec<u64>> {
-    let mut keys = Vec::new();
-    for (i, line) in lines(path)?.iter().enumerate() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let (start, sectors) = (
-            field(&fields, 0, path, i + 1)?,
-            field(&fields, 1, path, i + 1)?,
-        );
-        push_blocks(&mut keys, 0, start * SECTOR, sectors * SECTOR);
-    }
-    Ok(keys)
+fn max(values: &[f64]) -> f64 {
+    values.iter().copied().fold(0.0, f64::max)
 }
 
-/// LIRS: one block number per line; `*` lines are the original simulator's breakpoints.
-fn lirs(path: &Path) -> Result<Vec<u64>> {
-    let mut keys = Vec::new();
-    for (i, line) in lines(path)?.iter().enumerate() {
-        let line = line.trim();
-        if !line.is_empty() && line != "*" {
-            keys.push(field(&[line], 0, path, i + 1)?);
-        }
-    }
-    Ok(keys)
+fn mean_max(values: &[f64]) -> String {
+    format!("{:.4} / {:.4}", mean(values), max(values))
 }
 
-/// DiskSim ASCII: `time device start_sector sectors type`.
-fn disksim(path: &Path) -> Result<Vec<u64>> {
-    let mut keys = Vec::new();
-    for (i, line) in lines(path)?.iter().enumerate() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let device = field(&fields, 1, path, i + 1)?;
-        let (start, sectors) = (
-            field(&fields, 2, path, i + 1)?,
-            field(&fields, 3, path, i + 1)?,
-        );
-        push_blocks(&mut keys, device, start * SECTOR, sectors * SECTOR);
-    }
-    Ok(keys)
-}
-
-/// CloudPhysics csv: `version,time,op,size,lbn`, size in bytes, lbn in sectors.
-fn cloudphysics(path: &Path) -> Result<Vec<u64>> {
-    let mut keys = Vec::new();
-    for (i, line) in lines(path)?.iter().enumerate().skip(1) {
-        let fields: Vec<&str> = line.split(',').collect();
-        let (bytes, lbn) = (
-            field(&fields, 3, path, i + 1)?,
-            field(&fields, 4, path, i + 1)?,
-        );
-        push_blocks(&mut keys, 0, lbn * SECTOR, bytes);
-    }
-    Ok(keys)
-}
-
-fn shards(keys: &[u64], sampling: Sampling, seed: u64) -> Result<ShardsMrc> {
-    let mut mrc = ShardsMrc::new(sampling, seed)?;
-    mrc.extend(keys.iter().copied());
-    Ok(mrc)
-}
-
-/// The mean and the largest of the errors of one SHARDS configuration over `seeds` hash seeds.
+/// The errors of one SHARDS configuration over several hash seeds.
 struct Spread {
-    mean: f64,
-    max: f64,
-}
-
-impl std::fmt::Display for Spread {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:.4} / {:.4}", self.mean, self.max)
-    }
-}
-
-fn spread(errors: &[f64]) -> Spread {
-    Spread {
-        mean: errors.iter().sum::<f64>() / errors.len() as f64,
-        max: errors.iter().copied().fold(0.0, f64::max),
-    }
-}
-
-/// One sampling run with several hash seeds.
-struct SeedRuns {
-    unadjusted: Spread,
-    adjusted: Spread,
-    mean_rate: f64,
-    /// Per seed, the curves without and with SHARDS_adj.
-    curves: Vec<[Vec<CurvePoint>; 2]>,
+    unadjusted: Vec<f64>,
+    adjusted: Vec<f64>,
+    sampled_keys: Vec<f64>,
+    /// Whether some seed's sample held fewer keys than the trace has (it is not exact).
+    sampled: bool,
 }
 
 fn over_seeds(
@@ -160,25 +79,63 @@ fn over_seeds(
     seeds: u64,
     reference: &[CurvePoint],
     sizes: &[u64],
-) -> Result<SeedRuns> {
-    let (mut unadjusted, mut adjusted, mut rates, mut curves) = (vec![], vec![], 0.0, vec![]);
+) -> Result<Spread> {
+    let mut spread = Spread {
+        unadjusted: vec![],
+        adjusted: vec![],
+        sampled_keys: vec![],
+        sampled: false,
+    };
     for seed in 0..seeds {
-        let run = shards(keys, sampling, seed)?;
-        let pair = [Correction::None, Correction::Adjusted].map(|c| run.histogram(c).curve(sizes));
-        unadjusted.push(mean_absolute_error(reference, &pair[0])?);
-        adjusted.push(mean_absolute_error(reference, &pair[1])?);
-        rates += run.stats().effective_rate;
-        curves.push(pair);
+        let mut run = ShardsMrc::new(sampling, seed)?;
+        run.extend(keys.iter().copied());
+        let curve = |correction| run.histogram(correction).curve(sizes);
+        spread
+            .unadjusted
+            .push(mean_absolute_error(reference, &curve(Correction::None))?);
+        spread.adjusted.push(mean_absolute_error(
+            reference,
+            &curve(Correction::Adjusted),
+        )?);
+        spread.sampled_keys.push(run.stats().sampled_keys as f64);
+        spread.sampled |= run.stats().effective_rate < 1.0;
     }
-    Ok(SeedRuns {
-        unadjusted: spread(&unadjusted),
-        adjusted: spread(&adjusted),
-        mean_rate: rates / seeds as f64,
-        curves,
-    })
+    Ok(spread)
 }
 
-fn measure(name: &str, keys: &[u64], seeds: u64) -> Result<()> {
+/// The largest MAE × √(sampled keys) seen: of a mean over seeds, and of one seed.
+#[derive(Default)]
+struct Constants {
+    of_mean: (f64, String),
+    of_one: (f64, String),
+}
+
+impl Constants {
+    fn add(&mut self, spread: &Spread, what: &str) {
+        if !spread.sampled {
+            return;
+        }
+        let root_keys = mean(&spread.sampled_keys).sqrt();
+        let of_mean = mean(&spread.unadjusted) * root_keys;
+        if of_mean > self.of_mean.0 {
+            self.of_mean = (of_mean, what.to_owned());
+        }
+        for (error, keys) in spread.unadjusted.iter().zip(&spread.sampled_keys) {
+            let of_one = error * keys.sqrt();
+            if of_one > self.of_one.0 {
+                self.of_one = (of_one, what.to_owned());
+            }
+        }
+    }
+}
+
+fn measure(
+    name: &str,
+    keys: &[u64],
+    seeds: u64,
+    max_keys: &[usize],
+    constants: &mut Constants,
+) -> Result<()> {
     let started = Instant::now();
     let mut exact = ExactMrc::new();
     exact.extend(keys.iter().copied());
@@ -187,100 +144,145 @@ fn measure(name: &str, keys: &[u64], seeds: u64) -> Result<()> {
     let sizes = evenly_spaced_sizes(unique, 100);
     let reference = exact.histogram().curve(&sizes);
 
-    let started = Instant::now();
-    let sampled = shards(keys, Sampling::FixedRate { rate: 0.01 }, 0)?
-        .stats()
-        .sampled_keys;
-    let shards_seconds = started.elapsed().as_secs_f64();
-
-    let one_percent = over_seeds(
-        keys,
-        Sampling::FixedRate { rate: 0.01 },
-        seeds,
-        &reference,
-        &sizes,
-    )?;
-    // Averages of groups of 10 seeds: each group is one 10-seed estimate.
-    let mut averaged = [vec![], vec![]];
-    for group in one_percent.curves.chunks_exact(10) {
-        for (correction, errors) in averaged.iter_mut().enumerate() {
-            let members: Vec<Vec<CurvePoint>> =
-                group.iter().map(|pair| pair[correction].clone()).collect();
-            errors.push(mean_absolute_error(&reference, &average_curves(&members)?)?);
-        }
-    }
-    let fixed = Sampling::FixedSize { max_keys: 8192 };
-    let fixed = over_seeds(keys, fixed, seeds, &reference, &sizes)?;
-    let small = Sampling::FixedSize {
-        max_keys: (unique as usize / 100).max(1),
-    };
-    let small = over_seeds(keys, small, seeds, &reference, &sizes)?;
-
-    println!(
-        "| {name} | {} | {unique} | {sampled} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {} \
-         | {exact_seconds:.2} / {shards_seconds:.3} |",
+    let one_percent = Sampling::FixedRate { rate: 0.01 };
+    let rate = over_seeds(keys, one_percent, seeds, &reference, &sizes)?;
+    constants.add(&rate, &format!("{name} rate 1%"));
+    let mut row = format!(
+        "| {name} | {} | {unique} | {exact_seconds:.2} | {:.0} | {} | {} |",
         keys.len(),
-        one_percent.unadjusted,
-        one_percent.adjusted,
-        spread(&averaged[0]),
-        spread(&averaged[1]),
-        fixed.unadjusted,
-        fixed.adjusted,
-        fixed.mean_rate,
-        small.unadjusted,
-        small.adjusted,
+        mean(&rate.sampled_keys),
+        mean_max(&rate.unadjusted),
+        mean_max(&rate.adjusted),
+    );
+    for &max_keys in max_keys {
+        let fixed = over_seeds(
+            keys,
+            Sampling::FixedSize { max_keys },
+            seeds,
+            &reference,
+            &sizes,
+        )?;
+        constants.add(&fixed, &format!("{name} size {max_keys}"));
+        row += &format!(
+            " {} | {} |",
+            mean_max(&fixed.unadjusted),
+            mean_max(&fixed.adjusted)
+        );
+    }
+    println!("{row}");
+    Ok(())
+}
+
+/// The exact curve of the requests a recorder sampling `rate` of `region`-byte regions keeps,
+/// against the whole trace's, over `seeds` samples: MAE mean / max and sampled regions.
+fn region_sampling(
+    name: &str,
+    requests: &[Request],
+    region: u64,
+    rate: f64,
+    seeds: u64,
+) -> Result<()> {
+    let mut whole = ExactMrc::new();
+    whole.extend(block_references(requests));
+    let sizes = evenly_spaced_sizes(whole.unique_keys(), 100);
+    let reference = whole.histogram().curve(&sizes);
+    let sampler = Sampler::new(rate, region)?;
+    let (mut errors, mut regions) = (vec![], vec![]);
+    for seed in 0..seeds {
+        let volume_hashes: Vec<u64> = (0..=requests.iter().map(|r| r.volume).max().unwrap_or(0))
+            .map(|volume| volume_hash(&format!("seed{seed}/volume{volume}")))
+            .collect();
+        let kept: Vec<&Request> = requests
+            .iter()
+            .filter(|r| sampler.sampled(volume_hashes[r.volume as usize], r.offset))
+            .collect();
+        let distinct: HashSet<(u32, u64)> =
+            kept.iter().map(|r| (r.volume, r.offset / region)).collect();
+        let mut sampled = ExactMrc::new();
+        sampled.extend(block_references(kept));
+        let histogram = sampled.histogram();
+        // A cache of `lines` for the whole trace is `lines × rate` for the kept part.
+        let curve: Vec<CurvePoint> = sizes
+            .iter()
+            .map(|&lines| CurvePoint {
+                cache_lines: lines,
+                miss_ratio: histogram.miss_ratio((lines as f64 * rate).round() as u64),
+            })
+            .collect();
+        errors.push(mean_absolute_error(&reference, &curve)?);
+        regions.push(distinct.len() as f64);
+    }
+    let mean_regions = mean(&regions);
+    println!(
+        "| {name} | {} KiB | {rate} | {mean_regions:.0} | {} | {:.2} / {:.2} |",
+        region / 1024,
+        mean_max(&errors),
+        mean(&errors) * mean_regions.sqrt(),
+        max(&errors) * mean_regions.sqrt(),
     );
     Ok(())
 }
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let dir =
-        PathBuf::from(args.next().unwrap_or_else(|| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces").into()
-        }));
     let seeds: u64 = args.next().map_or(Ok(20), |s| s.parse())?;
-    if seeds < 10 {
-        return Err("SEEDS must be at least 10 (seeds are averaged in groups of 10)".into());
+    if seeds == 0 {
+        return Err("SEEDS must be at least 1".into());
     }
-    let mut traces: Vec<(String, Vec<u64>)> = Vec::new();
-    for name in ["P3", "P6"] {
-        traces.push((
-            format!("arc/{name}"),
-            arc(&dir.join(format!("arc/{name}.lis.zst")))?,
-        ));
-    }
-    traces.push((
-        "cloudphysics".into(),
-        cloudphysics(&dir.join("cloudphysics/cloudPhysicsIO.csv"))?,
+    let max_keys: Vec<usize> = args
+        .next()
+        .unwrap_or_else(|| "8192,16384,32768,65536".into())
+        .split(',')
+        .map(str::parse)
+        .collect::<std::result::Result<_, _>>()?;
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/traces"
     ));
-    for name in ["tpcc-small", "wsrch-small"] {
-        traces.push((
-            format!("mqsim/{name}"),
-            disksim(&dir.join(format!("mqsim/{name}.trace")))?,
-        ));
-    }
-    let mut lirs_names: Vec<PathBuf> = std::fs::read_dir(dir.join("lirs"))?
-        .map(|entry| entry.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    lirs_names.retain(|p| p.to_string_lossy().ends_with(".trace.gz"));
-    lirs_names.sort();
-    for path in lirs_names {
-        let stem = path
-            .file_name()
-            .map(|n| n.to_string_lossy().replace(".trace.gz", ""));
-        traces.push((format!("lirs/{}", stem.unwrap_or_default()), lirs(&path)?));
-    }
 
-    println!("MAE against exact LRU, mean / max over {seeds} hash seeds");
     println!(
-        "| trace | refs | unique | keys at 1% | rate 1% | rate 1% adj | 10 seeds of 1% averaged \
-         | same, adj | size 8192 | size 8192 adj | its rate | size 1% | size 1% adj \
-         | exact s / 1% s |"
+        "MAE against exact LRU over 100 evenly spaced sizes, mean / max over {seeds} hash seeds"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for (name, keys) in &traces {
-        measure(name, keys, seeds)?;
+    let mut header = String::from(
+        "| trace | references | unique | exact s | keys at 1% | rate 1% | rate 1% adj |",
+    );
+    for k in &max_keys {
+        header += &format!(" size {k} | size {k} adj |");
+    }
+    println!("{header}");
+    println!("{}", "|---".repeat(7 + 2 * max_keys.len()) + "|");
+    let mut constants = Constants::default();
+    let mut traces = Vec::new();
+    for &(relative, format) in SHARED_TRACES {
+        let requests = read_requests(&dir.join(relative), format)?;
+        let name = relative.split('.').next().unwrap_or(relative);
+        measure(
+            name,
+            &block_references(&requests),
+            seeds,
+            &max_keys,
+            &mut constants,
+        )?;
+        traces.push((name, requests));
+    }
+    println!(
+        "\nLargest MAE × √(sampled keys), without adj, where the sample is not the whole trace: \
+         {:.2} for a mean over seeds ({}), {:.2} for one seed ({})",
+        constants.of_mean.0, constants.of_mean.1, constants.of_one.0, constants.of_one.1
+    );
+
+    println!("\nRegion-sampled recordings: MAE of the kept trace's exact curve (sizes × rate) against the whole trace's, mean / max over {seeds} samples");
+    println!("| trace | region | rate | regions kept | MAE | MAE × √regions (mean / max) |");
+    println!("|---|---|---|---|---|---|");
+    for (name, requests) in &traces {
+        // Only traces of at least 100,000 unique blocks (400 MiB) span enough 1 MiB regions.
+        let unique: HashSet<u64> = block_references(requests.iter()).into_iter().collect();
+        if unique.len() < 100_000 {
+            continue;
+        }
+        for rate in [0.5, 0.2, 0.1] {
+            region_sampling(name, requests, RECORDER_REGION, rate, seeds)?;
+        }
     }
     Ok(())
 }

@@ -14,13 +14,14 @@
 //! The fixed-size variant keeps at most `max_keys` keys and lowers the threshold whenever the
 //! sample grows past that, so its memory is bounded whatever the trace.
 //!
-//! SHARDS' error depends on how many keys it samples more than on the rate. Measured on the
-//! shared traces (`examples/mrc_accuracy.rs`), 1% of a trace with about 100,000 unique
-//! blocks (1,000 sampled keys) gives a mean absolute error near 0.01 with some hash seeds well
-//! above it, and 1% of the small LIRS traces (10 to 100 keys) errs by 0.05 to 0.25; a
-//! fixed-size sample of 8192 keys stays below 0.01 on average on every shared trace, and is
-//! exact on traces with fewer unique blocks than that. SHARDS_adj ([`Correction::Adjusted`])
-//! helps traces with a few very hot keys and hurts traces that are mostly first references.
+//! SHARDS' error depends on how many keys it samples, not on the rate: its mean absolute error
+//! is about 1/√K for K sampled keys (docs/mrc.md has the table on every shared trace, from
+//! `examples/mrc_accuracy.rs`; `tests/mrc_shared.rs` checks it). 1% of a trace with about
+//! 100,000 unique blocks (1,000 keys) errs by about 0.01, 1% of the small LIRS traces (10 to
+//! 100 keys) by 0.05 to 0.3; a fixed-size sample of 65,536 keys stays below 0.008 on every
+//! shared trace and seed, and is exact on traces with fewer unique blocks than that.
+//! SHARDS_adj ([`Correction::Adjusted`]) helps traces with a few very hot keys and hurts
+//! traces that are mostly first references.
 
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
