@@ -182,11 +182,9 @@ pub fn summarize(args: &TraceArgs) -> Result<(TraceSummary, TraceInfo)> {
     Ok((s, info))
 }
 
-/// Wraps a trace in a spinner on stderr (only when stderr is a terminal).
-pub fn progress(
-    trace: Trace,
-    what: &'static str,
-) -> impl Iterator<Item = Result<Request, TraceError>> {
+/// Wraps a trace in a spinner on stderr (only when stderr is a terminal), cleared when the
+/// trace is dropped.
+pub fn progress(trace: Trace, what: &'static str) -> Progress {
     use std::io::IsTerminal;
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new_spinner();
@@ -197,15 +195,39 @@ pub fn progress(
         bar.set_message(what);
         bar
     });
-    let mut count = 0u64;
-    trace.inspect(move |_| {
-        count += 1;
-        if count.is_multiple_of(65_536) {
-            if let Some(bar) = &bar {
-                bar.set_position(count);
+    Progress {
+        trace,
+        bar,
+        count: 0,
+    }
+}
+
+pub struct Progress {
+    trace: Trace,
+    bar: Option<indicatif::ProgressBar>,
+    count: u64,
+}
+
+impl Iterator for Progress {
+    type Item = Result<Request, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.count += 1;
+        if self.count.is_multiple_of(65_536) {
+            if let Some(bar) = &self.bar {
+                bar.set_position(self.count);
             }
         }
-    })
+        self.trace.next()
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 /// The number of lines a cache size stands for, scaled by the trace's sampling rate (a trace
