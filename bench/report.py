@@ -22,6 +22,7 @@ import wbreport
 
 ORDER = [
     "ssdcache",
+    "ssdcache-lru",
     "ssdcache-t16",
     "nbdkit-none",
     "nbdkit-default",
@@ -249,6 +250,12 @@ def main():
         if extra:
             facts.append(f"with `--threads {extra_key[len('ssdcache-t'):]}` ssdcache measures "
                          f"{ratio(extra['iops'], ref['iops']):.2f}×")
+        lru = med.get("ssdcache-lru")
+        if lru:
+            facts.append(f"the default replacement policy serves hits at {ratio(ss['iops'], lru['iops']):.2f}× "
+                         f"the IOPS of LRU, the cheapest policy per hit, with "
+                         f"{fmt(ss['server_cpu_s_per_m'], 1)} vs {fmt(lru['server_cpu_s_per_m'], 1)} server CPU s "
+                         "per M requests (the policy's cost per request)")
         if ss["server_cpu_s_per_m"] and ref["server_cpu_s_per_m"]:
             facts.append(f"server CPU per request is {ratio(ss['server_cpu_s_per_m'], ref['server_cpu_s_per_m']):.2f}× "
                          f"nbdkit's ({ss['server_cpu_s_per_m']:.1f} vs {ref['server_cpu_s_per_m']:.1f} s per M requests)")
