@@ -1,5 +1,6 @@
 //! `ssdcache`: a user-space SSD cache for hard drives, served over NBD.
 
+mod advise;
 mod config;
 mod control;
 mod create;
@@ -7,6 +8,7 @@ mod devices;
 mod hdd_emulator;
 mod report;
 mod serve;
+mod simulate;
 mod size;
 mod tuning;
 mod writeback;
@@ -161,6 +163,46 @@ writes every dirty line back with progress, and only then switches; interrupted,
 in write-back."
     )]
     SetMode(writeback::SetModeArgs),
+    /// Replay a block trace against simulated caches: hit ratios, SSD writes, disk traffic
+    #[command(
+        long_about = "Replays a block I/O trace (a public trace, or one recorded by `ssdcache serve \
+--record-trace`) against simulated caches, one for every combination of --policy, --cache-size and \
+--admission, and prints for each: the hit ratio (of the cache lines the requests touch), the read \
+and the write hit ratio, the bytes written to the cache device (what wears an SSD out), and the \
+bytes read from and written to the backing device.\n\n\
+The simulated caches run the engine's own replacement policies, admission (N-hit ghost table) and \
+stream detector, not copies, so what the simulator says is what ssdcache would do, with the \
+simplifications listed in docs/simulator.md (lines are cached whole; no timing). All caches are \
+simulated in one pass over the trace, spread over --jobs threads; memory is about 50 bytes per \
+cache line simulated.\n\n\
+Sizes are bytes (1GiB) or shares of the trace's footprint (10% of the distinct lines it touches); \
+the footprint takes a first pass over the trace. A trace recorded with --record-sample covers part \
+of the address space: sizes and byte counts are scaled to the whole.\n\n\
+Examples:\n  ssdcache simulate --trace web.trace.zst --policy lru,s3fifo --cache-size 1GiB,4GiB,16GiB\n  \
+ssdcache simulate --trace sdb.trace --mode write-back --admission always,2-hit --csv > out.csv\n  \
+ssdcache simulate --trace P6.lis.zst --plot p6.svg"
+    )]
+    Simulate(simulate::SimulateArgs),
+    /// Size an SSD cache for a workload: the size for a target hit ratio, SSD wear and cost
+    #[command(
+        long_about = "Reads a block I/O trace of your workload (recorded with `ssdcache serve \
+--record-trace`, or any format `simulate` reads) and answers three questions:\n\n\
+1. How big must the cache be to reach --target-hit-ratio? Caches of 1% to 100% of the trace's \
+footprint are simulated with the engine's default policy (or --policy), then sizes between the two \
+around the target, and the smallest that reaches it is reported. If none does, the best reachable \
+hit ratio is: the rest are first references no cache can serve.\n\n\
+2. How fast does that cache wear the SSD out? The bytes the simulated cache wrote to the cache \
+device over the trace, scaled to a day by the trace's duration (its timestamps, or \
+--trace-duration), against the SSD's TBW rating (--ssd-tbw; default 550 TBW per TB of cache).\n\n\
+3. What does it cost? The hybrid (all the capacity in HDD plus the cache in SSD) against \
+all-flash (all the capacity in SSD), in total and per TB, at --hdd-price-per-tb and \
+--ssd-price-per-tb (defaults 15 and 60: rough street prices, pass yours).\n\n\
+The answer is as good as the trace: it should cover a representative period (a day or a week), \
+including the busy hours. A recorded trace sampled with --record-sample is scaled to the whole \
+disk; see docs/simulator.md.\n\n\
+Example:\n  ssdcache advise --trace /var/tmp/sdb.trace --target-hit-ratio 0.9 --capacity 8TB --ssd-tbw 600"
+    )]
+    Advise(advise::AdviseArgs),
 }
 
 fn main() -> ExitCode {
@@ -186,6 +228,8 @@ fn main() -> ExitCode {
         Command::Detach(a) => writeback::detach(a),
         Command::Recover(a) => writeback::recover(a),
         Command::SetMode(a) => writeback::set_mode(a),
+        Command::Simulate(a) => simulate::run(a),
+        Command::Advise(a) => advise::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -66,6 +66,28 @@ pub struct Economics {
 pub const TBW_PER_TB_DEFAULT: f64 = 550.0;
 pub const TB: f64 = 1e12;
 
+/// Common SSD capacities, in bytes: a cache partition lives on a drive of at least this size,
+/// and the drive's rating and price are what count.
+const SSD_SIZES: [u64; 8] = [
+    250_000_000_000,
+    500_000_000_000,
+    1_000_000_000_000,
+    2_000_000_000_000,
+    4_000_000_000_000,
+    8_000_000_000_000,
+    16_000_000_000_000,
+    32_000_000_000_000,
+];
+
+/// The smallest common SSD that holds a cache of `cache_bytes` (the cache itself when it is
+/// larger than any).
+pub fn ssd_to_buy(cache_bytes: u64) -> u64 {
+    SSD_SIZES
+        .into_iter()
+        .find(|&s| s >= cache_bytes)
+        .unwrap_or(cache_bytes)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Endurance {
     pub ssd_bytes_written_per_day: f64,
@@ -75,19 +97,14 @@ pub struct Endurance {
     pub lifetime_years: Option<f64>,
 }
 
-/// Writes per day and lifetime of a cache of `cache_bytes` that took `written` bytes over
-/// `trace_seconds` of (scaled) workload.
-pub fn endurance(
-    cache_bytes: u64,
-    written: u64,
-    trace_seconds: f64,
-    econ: &Economics,
-) -> Endurance {
+/// Writes per day and lifetime of an SSD of `ssd_bytes` holding a cache that took `written`
+/// bytes over `trace_seconds` of (scaled) workload.
+pub fn endurance(ssd_bytes: u64, written: u64, trace_seconds: f64, econ: &Economics) -> Endurance {
     assert!(trace_seconds > 0.0, "a trace of positive duration");
     let per_day = written as f64 * 86_400.0 / trace_seconds;
     let (tbw_bytes, tbw_assumed) = match econ.ssd_tbw_bytes {
         Some(t) => (t, false),
-        None => (TBW_PER_TB_DEFAULT * cache_bytes as f64, true),
+        None => (TBW_PER_TB_DEFAULT * ssd_bytes as f64, true),
     };
     Endurance {
         ssd_bytes_written_per_day: per_day,
@@ -161,6 +178,13 @@ mod tests {
             between,
             vec![(2 << 30) + (512 << 20), 3 << 30, (3 << 30) + (512 << 20)]
         );
+    }
+
+    #[test]
+    fn a_cache_lives_on_a_common_ssd_size() {
+        assert_eq!(ssd_to_buy(1 << 30), 250_000_000_000);
+        assert_eq!(ssd_to_buy(300_000_000_000), 500_000_000_000);
+        assert_eq!(ssd_to_buy(40_000_000_000_000), 40_000_000_000_000);
     }
 
     #[test]

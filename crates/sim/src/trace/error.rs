@@ -8,15 +8,16 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{}: cannot open the trace: {source}", path.display())]
-    Open { path: PathBuf, source: io::Error },
+    // The I/O error is in the message, not a `source`: a chain would print it twice.
+    #[error("{}: cannot open the trace: {cause}", path.display())]
+    Open { path: PathBuf, cause: io::Error },
 
     /// Reading failed: an I/O error, or a corrupt or truncated compressed stream.
-    #[error("{}: {message}: {source}", path.display())]
+    #[error("{}: {message}: {cause}", path.display())]
     Read {
         path: PathBuf,
         message: String,
-        source: io::Error,
+        cause: io::Error,
     },
 
     /// A line of a text trace is not what its format expects.

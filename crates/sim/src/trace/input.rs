@@ -89,7 +89,7 @@ impl ErrorContext {
         TraceError::Read {
             path: self.path.clone(),
             message,
-            source,
+            cause: source,
         }
     }
 
@@ -139,7 +139,7 @@ impl Source {
             return Err(TraceError::Read {
                 path,
                 message: "read failed at the start of the file".to_owned(),
-                source,
+                cause: source,
             });
         }
         let compression = Compression::from_magic(&magic);

@@ -379,7 +379,7 @@ pub fn open(path: &Path, format: Format) -> Result<Trace, TraceError> {
 pub fn open_with(path: &Path, format: Format, options: &OpenOptions) -> Result<Trace, TraceError> {
     let file = File::open(path).map_err(|source| TraceError::Open {
         path: path.to_owned(),
-        source,
+        cause: source,
     })?;
     from_reader(path, Box::new(file), format, options)
 }
