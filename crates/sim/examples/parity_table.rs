@@ -56,8 +56,8 @@ fn parse_args() -> Result<Args, String> {
 /// Our miss ratio for each (policy, size) of one trace.
 type Ours = BTreeMap<(String, u64), f64>;
 
-/// The worst difference of one policy: |diff|, trace, size.
-type Worst = BTreeMap<&'static str, (f64, String, u64)>;
+/// Per policy: the worst difference (|diff|, trace, size) and the rows compared.
+type Worst = BTreeMap<&'static str, (f64, String, u64, u32)>;
 
 fn percent_label(unique: u64, blocks: u64) -> String {
     PERCENTS
@@ -96,9 +96,10 @@ fn trace_table(trace: &str, rows: &[&Reference], ours: &Ours, worst: &mut Worst)
             let cell = match (mine, theirs) {
                 (Some(&m), Some(t)) if is_reference(policy, blocks) => {
                     let diff = (printed(m) - t.miss_ratio).abs();
-                    let w = worst.entry(policy).or_insert((0.0, String::new(), 0));
+                    let w = worst.entry(policy).or_insert((0.0, String::new(), 0, 0));
+                    w.3 += 1;
                     if diff > w.0 + 1e-9 {
-                        *w = (diff, trace.to_owned(), blocks);
+                        (w.0, w.1, w.2) = (diff, trace.to_owned(), blocks);
                     }
                     format!(" {m:.4} / {:.4} |", t.miss_ratio)
                 }
@@ -122,18 +123,21 @@ fn trace_table(trace: &str, rows: &[&Reference], ours: &Ours, worst: &mut Worst)
 }
 
 fn summary(worst: &Worst) -> String {
-    let mut out = String::from("| policy | max \\|ours − cachesim\\| | where |\n|---|---:|---|\n");
+    let mut out = String::from(
+        "| policy | rows compared | max \\|ours − cachesim\\| | where |\n|---|---:|---:|---|\n",
+    );
     for policy in COMPARED {
-        let (diff, trace, blocks) = worst
-            .get(policy)
-            .cloned()
-            .unwrap_or((0.0, "–".to_owned(), 0));
+        let (diff, trace, blocks, rows) =
+            worst
+                .get(policy)
+                .cloned()
+                .unwrap_or((0.0, "–".to_owned(), 0, 0));
         let place = if diff > 0.000_05 {
             format!("{trace}, {blocks} blocks")
         } else {
             "every row equal to 4 decimals".to_owned()
         };
-        let _ = writeln!(out, "| {policy} | {diff:.4} | {place} |");
+        let _ = writeln!(out, "| {policy} | {rows} | {diff:.4} | {place} |");
     }
     out
 }
