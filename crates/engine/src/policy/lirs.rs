@@ -21,7 +21,11 @@
 //!
 //! The engine's calls: `insert` is a miss (a key found among the ghosts becomes LIR), `touch`
 //! a hit, `remove` after `victim` turns the victim into a ghost where it stood in S, any other
-//! `remove` drops the slot without a ghost. While fewer than the LIR target are LIR (warm-up,
+//! `remove` drops the slot without a ghost. `victim(key)` looks the missed key up first and
+//! takes its ghost out of S: the paper settles the missed block's status (a non-resident HIR
+//! block in S or not) before the eviction, and here the eviction could otherwise change it, as
+//! the victim's ghost, pushed into a full ghost table, would forget the oldest ghost, which may
+//! be the missed key's (a scan followed by a re-read of its start does exactly that). While fewer than the LIR target are LIR (warm-up,
 //! or after invalidations) new lines become LIR. The victim is the first evictable line of
 //! Q; unevictable ones are moved on to Q's end. If Q has none, the least recent evictable LIR
 //! line goes (walking up from the bottom of S); it leaves a ghost like any victim.
@@ -52,6 +56,8 @@ pub struct Lirs {
     lir_count: u32,
     /// The slot the last `victim` returned, until the next call.
     victim: u32,
+    /// The key whose ghost the last `victim` took out of S, until its `insert`.
+    ghost_hit: Option<u64>,
 }
 
 impl Lirs {
@@ -67,6 +73,7 @@ impl Lirs {
             lir_target: slots.saturating_sub(hir_target),
             lir_count: 0,
             victim: NO_SLOT,
+            ghost_hit: None,
         }
     }
 
@@ -111,6 +118,19 @@ impl Lirs {
         self.stack.move_to_newest(ONLY, slot);
     }
 
+    /// Takes the ghost of `key` out of S; false when there was none. Its place in S does not
+    /// matter once it is found: a ghost hit moves the line to the top of S.
+    fn take_ghost(&mut self, key: u64) -> bool {
+        match self.ghosts.find(key) {
+            Some(e) => {
+                self.stack.unlink(self.slots + e);
+                self.ghosts.remove(e);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Leaves a ghost of `slot`'s key in its place in S.
     fn leave_ghost(&mut self, slot: u32) {
         if self.ghosts.is_full() {
@@ -135,10 +155,8 @@ impl ReplacementPolicy for Lirs {
             self.remove(slot);
         }
         self.keys[slot as usize] = key;
-        if let Some(e) = self.ghosts.find(key) {
+        if self.ghost_hit.take() == Some(key) || self.take_ghost(key) {
             // Its reuse distance beat the least recent LIR line's: it becomes LIR.
-            self.stack.unlink(self.slots + e);
-            self.ghosts.remove(e);
             self.make_lir(slot);
             self.demote_excess();
         } else if self.lir_count < self.lir_target {
@@ -195,8 +213,11 @@ impl ReplacementPolicy for Lirs {
         self.prune();
     }
 
-    fn victim(&mut self, _incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+    fn victim(&mut self, incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
         self.victim = NO_SLOT;
+        if self.ghost_hit != Some(incoming) {
+            self.ghost_hit = self.take_ghost(incoming).then_some(incoming);
+        }
         for _ in 0..self.queue.len(ONLY) {
             let s = self.queue.oldest(ONLY)?;
             if evictable(s) {
@@ -276,6 +297,34 @@ mod tests {
         // The bottom LIR line (slot 0, least recent) was demoted to HIR.
         assert_eq!(p.state_of(0), State::Hir);
         assert_eq!(evict(&mut p), 0);
+    }
+
+    #[test]
+    fn a_miss_on_the_oldest_ghost_of_a_full_table_still_becomes_lir() {
+        let mut p = Lirs::new(100);
+        for s in 0..100 {
+            p.insert(s, u64::from(s));
+        }
+        // A scan through the HIR slot leaves 100 ghosts (keys 99, 1000..1099), all above the
+        // bottom LIR line: the ghost table (100 keys) is full and key 99 is its oldest.
+        for k in 0..100 {
+            assert_eq!(evict(&mut p), 99);
+            p.insert(99, 1000 + k);
+        }
+        assert!(p.ghosts.is_full());
+        // Key 99 misses: its ghost counts although the victim's ghost needs room.
+        let v = p.victim(99, &mut |_| true).unwrap();
+        assert_eq!(v, 99);
+        p.remove(v);
+        p.insert(v, 99);
+        assert_eq!(p.state_of(99), State::Lir);
+        assert_eq!(p.state_of(0), State::Hir, "the bottom LIR line was demoted");
+        // The victim (key 1099) left a ghost: it comes back as LIR too.
+        let v = p.victim(1099, &mut |_| true).unwrap();
+        assert_eq!(v, 0);
+        p.remove(v);
+        p.insert(v, 1099);
+        assert_eq!(p.state_of(0), State::Lir);
     }
 
     #[test]
