@@ -18,6 +18,7 @@ import statistics
 import sys
 
 import hddreport
+import simreport
 import wbreport
 
 ORDER = [
@@ -303,6 +304,7 @@ def main():
     if not keys:
         del out[hit_start:]
     commands = open(os.path.join(res, "commands.txt")).read()
+    out.extend(simreport.section(res))
     if env.get("wb"):
         out.extend(wbreport.section(res, env, compare))
         commands = wbreport.other_commands(commands)   # section 3 lists its own
