@@ -149,7 +149,7 @@ fn write_back_cache(
             mode: CacheMode::WriteBack,
             backing: identity(backing.size()),
             sequential_cutoff: 0,
-            policy: 0,
+            policy: ssdcache_engine::policy::default_id(),
             admission: Default::default(),
         },
     )?;

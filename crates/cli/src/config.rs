@@ -10,7 +10,7 @@
 //! writeback_high = 50                # write-back: clean every dirty line above 50% dirty lines
 //! writeback_low = 40                 # ... down to 40%
 //! writeback_max_age = 30             # write back dirty data older than 30 s when possible
-//! policy = "lru"                     # the cache's replacement policy (one per cache)
+//! policy = "lirs"                    # the cache's replacement policy (one per cache)
 //! record_trace = "/var/tmp/sdb.trace" # record the clients' requests (see docs/operations.md)
 //! record_sample = 0.01               # ... of 1% of the 1 MiB regions
 //! record_max_size = "1GiB"           # ... stopping when the file reaches this size

@@ -23,16 +23,27 @@ pub use stream::StreamDetector;
 /// worth of lines) is what decides, not N.
 pub const MAX_N_HIT: u32 = 16;
 
+/// The admission of a new volume when none is given (`ssdcache create`), and the one
+/// `ssdcache advise` assumes: `always`. 2-hit writes about a tenth of the bytes to the SSD but
+/// costs 2 to 5 percentage points of hit ratio on the shared traces; docs/policies.md has the
+/// measurements and the reasons.
+pub const DEFAULT_ADMISSION: Admission = Admission::Always;
+
 /// A volume's admission policy. Written as `always` or `N-hit` (`2-hit`, `3-hit`, … up to
 /// [`MAX_N_HIT`]); stored in the volume's superblock slot (bytes 524..528) as 0 for `always`
 /// and N for `N-hit`. Code 1 and codes above `MAX_N_HIT` are refused when a cache is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Admission {
     /// Every missed line is cached.
-    #[default]
     Always,
     /// A missed line is cached on its N-th miss (2 ≤ N ≤ [`MAX_N_HIT`]).
     NHit(u32),
+}
+
+impl Default for Admission {
+    fn default() -> Admission {
+        DEFAULT_ADMISSION
+    }
 }
 
 /// A wrong admission name or on-disk code.
@@ -117,7 +128,7 @@ mod tests {
         }
         assert_eq!("2-hit".parse(), Ok(Admission::NHit(2)));
         assert_eq!(" Always ".parse(), Ok(Admission::Always));
-        assert_eq!(Admission::default(), Admission::Always);
+        assert_eq!(Admission::default(), DEFAULT_ADMISSION);
         assert_eq!(Admission::Always.to_disk(), 0);
         assert_eq!(Admission::NHit(3).to_disk(), 3);
     }

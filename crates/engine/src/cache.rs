@@ -297,7 +297,10 @@ pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Resul
 
 fn new_map(sb: &Superblock) -> Result<MapState> {
     let layout = sb.layout;
-    let policy_id = sb.volumes.first().map_or(0, |v| v.policy);
+    let policy_id = sb
+        .volumes
+        .first()
+        .map_or(policy::default_id(), |v| v.policy);
     let policy = policy::by_id(policy_id, layout.line_count as u32)
         .ok_or_else(|| format_err(format!("unknown replacement policy id {policy_id}")))?;
     Ok(MapState::new(
