@@ -63,9 +63,6 @@ pub trait ReplacementPolicy: Send {
     fn name(&self) -> &'static str;
 }
 
-/// The policy `create`, `simulate` and `advise` use when none is given.
-pub const DEFAULT_POLICY: &str = "lru";
-
 /// Policy names by id: the id is the index. Ids are stored on disk, so they never change.
 pub const NAMES: [&str; 7] = [
     "lru",
