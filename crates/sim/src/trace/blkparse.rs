@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, parse_scaled_decimal, parse_u64, to_bytes, Clock, ErrorContext, Line,
-    LineParser, Lines, TextReader, VolumeTable,
+    checked_request, parse_scaled_decimal, parse_u64, split_whitespace, to_bytes, Clock,
+    ErrorContext, Line, LineParser, Lines, TextReader, VolumeTable,
 };
 use super::{BlkparseAction, Op, Parser, Request, TraceError};
 
@@ -98,10 +98,7 @@ fn rwbs_op(rwbs: &[u8]) -> Option<RwbsOp> {
 
 impl LineParser for BlkparseLines {
     fn parse_line(&mut self, line: &Line<'_>) -> Result<Option<Request>, TraceError> {
-        let mut fields = line
-            .text
-            .split(|b| b.is_ascii_whitespace())
-            .filter(|field| !field.is_empty());
+        let mut fields = split_whitespace(line.text);
         let device = fields.next().unwrap_or_default();
         if !is_device(device) {
             if starts_summary(line.text) {

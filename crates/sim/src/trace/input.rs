@@ -516,38 +516,44 @@ pub(crate) fn parse_scaled_decimal(field: &[u8], exponent: u32) -> Option<u64> {
 
 /// Splits `line` at every `separator` into exactly `N` fields, or returns how many it has.
 pub(crate) fn split_exact<const N: usize>(line: &[u8], separator: u8) -> Result<[&[u8]; N], usize> {
-    let mut fields: [&[u8]; N] = [&[]; N];
-    let mut count = 0;
-    for field in line.split(|&b| b == separator) {
-        if count < N {
-            fields[count] = field;
-        }
-        count += 1;
-    }
-    if count == N {
-        Ok(fields)
-    } else {
-        Err(count)
-    }
+    exactly(line.split(|&b| b == separator))
 }
 
 /// Splits `line` at runs of ASCII whitespace into exactly `N` fields, or returns how many it has.
 pub(crate) fn split_whitespace_exact<const N: usize>(line: &[u8]) -> Result<[&[u8]; N], usize> {
-    let mut fields: [&[u8]; N] = [&[]; N];
-    let mut count = 0;
-    for field in line
-        .split(|b| b.is_ascii_whitespace())
+    exactly(split_whitespace(line))
+}
+
+/// The fields of `line` between runs of ASCII whitespace.
+pub(crate) fn split_whitespace(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|b| b.is_ascii_whitespace())
         .filter(|field| !field.is_empty())
-    {
+}
+
+/// The first `N` of `fields` (the rest of the array empty when there are fewer) and how many
+/// there are in all, counted without storing them.
+#[inline]
+pub(crate) fn first_fields<'a, const N: usize>(
+    fields: impl Iterator<Item = &'a [u8]>,
+) -> ([&'a [u8]; N], usize) {
+    let mut first: [&[u8]; N] = [&[]; N];
+    let mut count = 0;
+    for field in fields {
         if count < N {
-            fields[count] = field;
+            first[count] = field;
         }
         count += 1;
     }
-    if count == N {
-        Ok(fields)
-    } else {
-        Err(count)
+    (first, count)
+}
+
+#[inline]
+fn exactly<'a, const N: usize>(
+    fields: impl Iterator<Item = &'a [u8]>,
+) -> Result<[&'a [u8]; N], usize> {
+    match first_fields::<N>(fields) {
+        (first, count) if count == N => Ok(first),
+        (_, count) => Err(count),
     }
 }
 

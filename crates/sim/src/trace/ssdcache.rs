@@ -55,7 +55,8 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, parse_u64, split_exact, ErrorContext, Line, LineParser, Lines, TextReader,
+    checked_request, parse_u64, split_exact, split_whitespace, ErrorContext, Line, LineParser,
+    Lines, TextReader,
 };
 use super::input::{Clock, VolumeTable};
 use super::{Op, Parser, Request, Sampling, TraceError};
@@ -121,10 +122,7 @@ fn read_header(lines: &mut Lines) -> Result<Sampling, TraceError> {
 }
 
 fn read_settings(line: &Line<'_>, sampling: &mut Sampling) -> Result<(), TraceError> {
-    let words = line.text[1..]
-        .split(|b| b.is_ascii_whitespace())
-        .filter(|word| !word.is_empty());
-    for word in words {
+    for word in split_whitespace(&line.text[1..]) {
         let Some(equals) = word.iter().position(|&b| b == b'=') else {
             continue;
         };
