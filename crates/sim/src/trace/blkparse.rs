@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, parse_scaled_decimal, parse_u64, split_whitespace, to_bytes, Clock,
-    ErrorContext, Line, LineParser, Lines, TextReader, VolumeTable,
+    parse_scaled_decimal, parse_u64, split_whitespace, Clock, ErrorContext, Line, LineParser,
+    Lines, TextReader, VolumeTable,
 };
 use super::{BlkparseAction, Op, Parser, Request, TraceError};
 
@@ -164,13 +164,11 @@ impl LineParser for BlkparseLines {
         let count = parse_u64(count).ok_or_else(|| {
             line.bad_field("sector count", count, "a decimal count of 512-byte sectors")
         })?;
-        let offset = to_bytes(sector, SECTOR, "sector").map_err(|m| line.error(m))?;
-        let len = to_bytes(count, SECTOR, "sector count").map_err(|m| line.error(m))?;
+        let offset = line.to_bytes(sector, SECTOR, "sector")?;
+        let len = line.to_bytes(count, SECTOR, "sector count")?;
         let volume = self.volumes.id(device, line)?;
         let time_ns = self.clock.since_first(time);
-        checked_request(time_ns, volume, op, offset, len)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, len)
     }
 
     fn volume_names(&self) -> &[String] {

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, first_fields, parse_u64, split_whitespace, Clock, ErrorContext, Line,
-    LineParser, Lines, TextReader, VolumeTable,
+    first_fields, parse_u64, split_whitespace, Clock, ErrorContext, Line, LineParser, Lines,
+    TextReader, VolumeTable,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -159,9 +159,7 @@ impl LineParser for FioLines {
             .clock
             .since_first(time_us)
             .saturating_mul(MICROSECOND_NS);
-        checked_request(time_ns, volume, op, offset, len)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, len)
     }
 
     fn volume_names(&self) -> &[String] {

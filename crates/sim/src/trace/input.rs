@@ -212,6 +212,28 @@ impl Line<'_> {
             Snippet(found)
         ))
     }
+
+    /// [`to_bytes`], its complaint an error at this line.
+    #[inline]
+    pub fn to_bytes(&self, count: u64, unit: u64, what: &str) -> Result<u64, TraceError> {
+        to_bytes(count, unit, what).map_err(|message| self.error(message))
+    }
+
+    /// The request this line carries after [`checked_request`]'s range checks, as
+    /// [`LineParser::parse_line`] returns it; their complaint an error at this line.
+    #[inline]
+    pub fn request(
+        &self,
+        time_ns: u64,
+        volume: u32,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Request>, TraceError> {
+        checked_request(time_ns, volume, op, offset, len)
+            .map(Some)
+            .map_err(|message| self.error(message))
+    }
 }
 
 /// Reads a text trace line by line into one reused buffer.

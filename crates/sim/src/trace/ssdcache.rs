@@ -55,10 +55,9 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, parse_u64, split_exact, split_whitespace, ErrorContext, Line, LineParser,
-    Lines, TextReader,
+    parse_u64, split_exact, split_whitespace, Clock, ErrorContext, Line, LineParser, Lines,
+    TextReader, VolumeTable,
 };
-use super::input::{Clock, VolumeTable};
 use super::{Op, Parser, Request, Sampling, TraceError};
 
 /// The first line of every ssdcache trace of version 1.
@@ -194,9 +193,7 @@ impl LineParser for SsdcacheLines {
             .clock
             .since_first(time_us)
             .saturating_mul(MICROSECOND_NS);
-        checked_request(time_ns, volume, op, offset, length)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, length)
     }
 
     fn volume_names(&self) -> &[String] {

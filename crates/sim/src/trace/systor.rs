@@ -9,8 +9,8 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_scaled_decimal, parse_u64, split_exact, trim, Clock, ErrorContext, Line,
-    LineParser, Lines, TextReader, VolumeTable,
+    parse_scaled_decimal, parse_u64, split_exact, trim, Clock, ErrorContext, Line, LineParser,
+    Lines, TextReader, VolumeTable,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -64,9 +64,7 @@ impl LineParser for SystorLines {
             .ok_or_else(|| line.bad_field("Size", size, "a decimal byte count"))?;
         let volume = self.volumes.id(lun, line)?;
         let time_ns = self.clock.since_first(timestamp);
-        checked_request(time_ns, volume, op, offset, size)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, size)
     }
 
     fn volume_names(&self) -> &[String] {

@@ -10,8 +10,8 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_hex_u64, parse_scaled_decimal, parse_u64, split_exact, to_bytes, trim,
-    Clock, ErrorContext, Line, LineParser, Lines, TextReader,
+    parse_hex_u64, parse_scaled_decimal, parse_u64, split_exact, trim, Clock, ErrorContext, Line,
+    LineParser, Lines, TextReader,
 };
 use super::vscsi::scsi_op;
 use super::{Parser, Request, TraceError};
@@ -63,10 +63,8 @@ impl LineParser for VscsiCsvLines {
             return Ok(None);
         };
         let time_ns = self.clock.since_first(time);
-        let offset = to_bytes(lbn, SECTOR, "lbn").map_err(|m| line.error(m))?;
-        checked_request(time_ns, 0, op, offset, size)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        let offset = line.to_bytes(lbn, SECTOR, "lbn")?;
+        line.request(time_ns, 0, op, offset, size)
     }
 
     fn skipped(&self) -> u64 {
