@@ -18,15 +18,10 @@ const SECTOR: u64 = 512;
 const FIELDS: &str = "arrival_time device start_sector sector_count flags";
 
 pub(crate) fn reader(ctx: Arc<ErrorContext>, input: Box<dyn BufRead + Send>) -> Box<dyn Parser> {
-    TextReader::boxed(
-        Lines::new(ctx, input),
-        DisksimLines {
-            volumes: VolumeTable::default(),
-            clock: Clock::default(),
-        },
-    )
+    TextReader::boxed(Lines::new(ctx, input), DisksimLines::default())
 }
 
+#[derive(Default)]
 struct DisksimLines {
     volumes: VolumeTable,
     clock: Clock,

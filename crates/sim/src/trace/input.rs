@@ -213,6 +213,12 @@ impl Line<'_> {
         ))
     }
 
+    /// True for line 1 when it is `header` (but for ASCII case and surrounding whitespace): the
+    /// optional column header of a csv format.
+    pub fn is_header(&self, header: &[u8]) -> bool {
+        self.number == 1 && self.text.trim_ascii().eq_ignore_ascii_case(header)
+    }
+
     /// [`to_bytes`], its complaint an error at this line.
     #[inline]
     pub fn to_bytes(&self, count: u64, unit: u64, what: &str) -> Result<u64, TraceError> {

@@ -17,15 +17,10 @@ const SECOND_NS: u64 = 1_000_000_000;
 const FIELDS: &str = "timestamp,offset,size,io_type,volume_id";
 
 pub(crate) fn reader(ctx: Arc<ErrorContext>, input: Box<dyn BufRead + Send>) -> Box<dyn Parser> {
-    TextReader::boxed(
-        Lines::new(ctx, input),
-        TencentLines {
-            volumes: VolumeTable::default(),
-            clock: Clock::default(),
-        },
-    )
+    TextReader::boxed(Lines::new(ctx, input), TencentLines::default())
 }
 
+#[derive(Default)]
 struct TencentLines {
     volumes: VolumeTable,
     clock: Clock,

@@ -21,15 +21,10 @@ const SECTOR: u64 = 512;
 const NANOSECOND_DIGITS: u32 = 9;
 
 pub(crate) fn reader(ctx: Arc<ErrorContext>, input: Box<dyn BufRead + Send>) -> Box<dyn Parser> {
-    TextReader::boxed(
-        Lines::new(ctx, input),
-        VscsiCsvLines {
-            clock: Clock::default(),
-            skipped: 0,
-        },
-    )
+    TextReader::boxed(Lines::new(ctx, input), VscsiCsvLines::default())
 }
 
+#[derive(Default)]
 struct VscsiCsvLines {
     clock: Clock,
     skipped: u64,
@@ -37,7 +32,7 @@ struct VscsiCsvLines {
 
 impl LineParser for VscsiCsvLines {
     fn parse_line(&mut self, line: &Line<'_>) -> Result<Option<Request>, TraceError> {
-        if line.number == 1 && line.text.trim_ascii().eq_ignore_ascii_case(HEADER) {
+        if line.is_header(HEADER) {
             return Ok(None);
         }
         let [version, time, opcode, size, lbn] = split_exact::<5>(line.text, b',')
