@@ -18,14 +18,19 @@ use std::collections::HashMap;
 use common::{block_sequence, read_all, shared};
 use ssdcache_sim::trace::{Format, Op, Request};
 
+/// The requests of `file` in shared/traces/cloudphysics read as `format`.
+fn cloudphysics(file: &str, format: Format) -> Vec<Request> {
+    read_all(&shared(&format!("cloudphysics/{file}")), format).requests
+}
+
 fn csv() -> Vec<Request> {
-    read_all(&shared("cloudphysics/cloudPhysicsIO.csv"), Format::VscsiCsv).requests
+    cloudphysics("cloudPhysicsIO.csv", Format::VscsiCsv)
 }
 
 #[test]
 fn vscsi_and_csv_are_the_same_requests() {
     let csv = csv();
-    let vscsi = read_all(&shared("cloudphysics/cloudPhysicsIO.vscsi"), Format::Vscsi).requests;
+    let vscsi = cloudphysics("cloudPhysicsIO.vscsi", Format::Vscsi);
     assert_eq!(vscsi.len(), csv.len());
     for (index, (binary, text)) in vscsi.iter().zip(&csv).enumerate() {
         assert_eq!(
@@ -49,11 +54,7 @@ fn vscsi_and_csv_are_the_same_requests() {
 #[test]
 fn oracle_general_is_the_csv_with_each_object_keeping_its_first_size() {
     let csv = csv();
-    let oracle = read_all(
-        &shared("cloudphysics/cloudPhysicsIO.oracleGeneral.bin"),
-        Format::OracleGeneral,
-    )
-    .requests;
+    let oracle = cloudphysics("cloudPhysicsIO.oracleGeneral.bin", Format::OracleGeneral);
     assert_eq!(oracle.len(), csv.len());
     let mut first_size: HashMap<u64, u64> = HashMap::new();
     let mut resized = 0;
@@ -84,11 +85,7 @@ fn oracle_general_is_the_csv_with_each_object_keeping_its_first_size() {
 #[test]
 fn txt_is_the_first_sector_of_every_csv_request() {
     let csv = csv();
-    let txt = read_all(
-        &shared("cloudphysics/cloudPhysicsIO.txt"),
-        Format::SectorList,
-    )
-    .requests;
+    let txt = cloudphysics("cloudPhysicsIO.txt", Format::SectorList);
     assert_eq!(txt.len(), csv.len());
     let first_blocks: Vec<u64> = csv.iter().map(|r| r.offset / 4096).collect();
     assert_eq!(block_sequence(&txt), first_blocks);

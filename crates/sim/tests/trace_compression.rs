@@ -5,10 +5,9 @@
 mod common;
 
 use std::io::Write;
-use std::path::PathBuf;
 
-use common::read_all;
 use common::samples::sample;
+use common::{first_error, one_number_per_line, read_all, write_file};
 use ssdcache_sim::trace::{self, Compression, Format, Request, TraceError};
 
 #[derive(Clone, Copy, Debug)]
@@ -64,15 +63,6 @@ impl Codec {
     }
 }
 
-fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = dir.path().join(name);
-    std::fs::File::create(&path)
-        .unwrap()
-        .write_all(bytes)
-        .unwrap();
-    path
-}
-
 fn requests_of(path: &std::path::Path, format: Format) -> Vec<Request> {
     read_all(path, format).requests
 }
@@ -93,7 +83,7 @@ fn every_format_reads_the_same_compressed_whatever_the_name() {
                 let read = read_all(&path, format);
                 assert_eq!(read.requests, expected, "{format} in {codec:?} as {name}");
                 assert_eq!(read.trace.info().compression, codec.compression());
-                if !matches!(format, Format::Lirs | Format::SectorList) {
+                if !one_number_per_line(format) {
                     let detected = trace::open(&path, Format::Auto).unwrap();
                     assert_eq!(
                         detected.info().format,
@@ -130,15 +120,6 @@ fn big_arc_trace() -> Vec<u8> {
     text.into_bytes()
 }
 
-fn read_error(path: &std::path::Path) -> TraceError {
-    match trace::open(path, Format::Arc) {
-        Err(error) => error,
-        Ok(mut trace) => trace
-            .find_map(Result::err)
-            .unwrap_or_else(|| panic!("{} read without an error", path.display())),
-    }
-}
-
 #[test]
 fn a_truncated_stream_is_a_read_error_naming_the_compression() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,7 +127,7 @@ fn a_truncated_stream_is_a_read_error_naming_the_compression() {
     for codec in CODECS {
         let compressed = codec.compress(&plain);
         let path = write_file(&dir, "cut", &compressed[..compressed.len() / 2]);
-        let error = read_error(&path);
+        let error = first_error(&path, Format::Arc);
         let message = error.to_string();
         assert!(
             matches!(error, TraceError::Read { .. }),
@@ -177,7 +158,7 @@ fn a_corrupt_stream_is_an_error_never_a_panic() {
             *byte ^= 0x5a;
         }
         let path = write_file(&dir, "corrupt", &compressed);
-        let error = read_error(&path);
+        let error = first_error(&path, Format::Arc);
         // The checksum catches it at the end of a block, or garbage reaches the parser first.
         assert!(
             matches!(error, TraceError::Read { .. } | TraceError::Line { .. }),

@@ -3,80 +3,72 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::fmt;
+use std::path::Path;
 
-use common::first_error;
 use common::samples::{oracle_general, sample, sample_lines, vscsi_v1};
+use common::{every_format, first_error, one_number_per_line, write_file};
 use ssdcache_sim::trace::{self, Format, TraceError};
 
-const TEXT_FORMATS: [Format; 11] = [
-    Format::Msr,
-    Format::Arc,
-    Format::Blkparse,
-    Format::VscsiCsv,
-    Format::SectorList,
-    Format::FioIolog,
-    Format::SniaTencent,
-    Format::Systor,
-    Format::Disksim,
-    Format::Lirs,
-    Format::Ssdcache,
-];
+const BINARY_FORMATS: [Format; 2] = [Format::Vscsi, Format::OracleGeneral];
 
-fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = dir.path().join(name);
-    std::fs::File::create(&path)
-        .unwrap()
-        .write_all(bytes)
-        .unwrap();
-    path
+fn text_formats() -> impl Iterator<Item = Format> {
+    Format::ALL
+        .into_iter()
+        .filter(|format| !BINARY_FORMATS.contains(format))
+}
+
+/// Where in a file an error is: a line of a text trace, a byte offset of a binary one.
+#[derive(Clone, Copy)]
+enum At {
+    Line(u64),
+    Offset(u64),
+}
+
+impl At {
+    fn position(self) -> u64 {
+        match self {
+            At::Line(number) | At::Offset(number) => number,
+        }
+    }
+}
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            At::Line(line) => write!(f, "line {line}"),
+            At::Offset(offset) => write!(f, "byte offset {offset}"),
+        }
+    }
+}
+
+#[track_caller]
+fn assert_error_at(error: &TraceError, path: &Path, at: At, mentions: &[&str]) {
+    let (found_path, found) = match (error, at) {
+        (TraceError::Line { path, line, .. }, At::Line(_)) => (path, *line),
+        (TraceError::Record { path, offset, .. }, At::Offset(_)) => (path, *offset),
+        (other, _) => panic!("expected an error at {at}, got: {other}"),
+    };
+    assert_eq!(found_path, path, "{error}");
+    assert_eq!(found, at.position(), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!("{} {at}: ", path.display())),
+        "{message}"
+    );
+    for word in mentions {
+        assert!(message.contains(word), "`{word}` not in: {message}");
+    }
 }
 
 #[track_caller]
 fn assert_line_error(error: &TraceError, path: &Path, line: u64, mentions: &[&str]) {
-    match error {
-        TraceError::Line {
-            path: at,
-            line: found,
-            ..
-        } => {
-            assert_eq!(at, path, "{error}");
-            assert_eq!(*found, line, "{error}");
-        }
-        other => panic!("expected an error at line {line}, got: {other}"),
-    }
-    let message = error.to_string();
-    assert!(
-        message.starts_with(&format!("{} line {line}: ", path.display())),
-        "{message}"
-    );
-    for word in mentions {
-        assert!(message.contains(word), "`{word}` not in: {message}");
-    }
+    assert_error_at(error, path, At::Line(line), mentions);
 }
 
 #[track_caller]
 fn assert_record_error(error: &TraceError, path: &Path, offset: u64, mentions: &[&str]) {
-    match error {
-        TraceError::Record {
-            path: at,
-            offset: found,
-            ..
-        } => {
-            assert_eq!(at, path, "{error}");
-            assert_eq!(*found, offset, "{error}");
-        }
-        other => panic!("expected an error at byte offset {offset}, got: {other}"),
-    }
-    let message = error.to_string();
-    assert!(
-        message.starts_with(&format!("{} byte offset {offset}: ", path.display())),
-        "{message}"
-    );
-    for word in mentions {
-        assert!(message.contains(word), "`{word}` not in: {message}");
-    }
+    assert_error_at(error, path, At::Offset(offset), mentions);
 }
 
 #[test]
@@ -100,7 +92,7 @@ fn the_example_of_the_brief() {
 
 #[test]
 fn a_garbage_line_is_reported_at_its_line() {
-    for format in TEXT_FORMATS {
+    for format in text_formats() {
         let dir = tempfile::tempdir().unwrap();
         let mut bytes = sample(format);
         bytes.extend_from_slice(b"?? garbage, here ??\n");
@@ -113,10 +105,7 @@ fn a_garbage_line_is_reported_at_its_line() {
 #[test]
 fn a_line_cut_in_half_is_reported_at_its_line() {
     // One number per line: a number cut short is still a number, which no reader can tell.
-    for format in TEXT_FORMATS
-        .into_iter()
-        .filter(|f| !matches!(f, Format::Lirs | Format::SectorList))
-    {
+    for format in text_formats().filter(|&f| !one_number_per_line(f)) {
         let dir = tempfile::tempdir().unwrap();
         let mut bytes = sample(format);
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -226,12 +215,9 @@ fn requests_beyond_the_limits_are_refused() {
 
 #[test]
 fn a_file_of_another_format_is_refused_at_its_first_line() {
-    for given in TEXT_FORMATS {
-        for wrong in TEXT_FORMATS {
-            let same_shape = matches!(
-                (given, wrong),
-                (Format::Lirs, Format::SectorList) | (Format::SectorList, Format::Lirs)
-            );
+    for given in text_formats() {
+        for wrong in text_formats() {
+            let same_shape = one_number_per_line(given) && one_number_per_line(wrong);
             if given == wrong || same_shape {
                 continue;
             }
@@ -244,7 +230,7 @@ fn a_file_of_another_format_is_refused_at_its_first_line() {
             assert!(*line <= 2, "{given} read as {wrong} fails late: {error}");
             assert!(error.to_string().contains("expected"), "{error}");
         }
-        for binary in [Format::Vscsi, Format::OracleGeneral] {
+        for binary in BINARY_FORMATS {
             let dir = tempfile::tempdir().unwrap();
             let path = write_file(&dir, "text", &sample(given));
             let error = first_error(&path, binary);
@@ -258,8 +244,8 @@ fn a_file_of_another_format_is_refused_at_its_first_line() {
 
 #[test]
 fn binary_traces_read_as_text_are_refused_at_line_1() {
-    for binary in [Format::Vscsi, Format::OracleGeneral] {
-        for text in TEXT_FORMATS {
+    for binary in BINARY_FORMATS {
+        for text in text_formats() {
             let dir = tempfile::tempdir().unwrap();
             let path = write_file(&dir, "binary", &sample(binary));
             let error = first_error(&path, text);
@@ -335,7 +321,7 @@ fn an_oracle_general_object_id_that_is_no_block_number_is_refused() {
 fn empty_files_are_refused_by_every_format() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(&dir, "empty.csv", b"");
-    for format in std::iter::once(Format::Auto).chain(Format::ALL) {
+    for format in every_format() {
         let error = trace::open(&path, format).unwrap_err();
         assert!(matches!(error, TraceError::File { .. }), "{error}");
         assert!(error.to_string().contains("empty"), "{error}");

@@ -3,19 +3,9 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::PathBuf;
-
 use common::samples::{oracle_general, sample, vscsi_v2, SAMPLE_REQUESTS};
-use common::{read_all, request};
+use common::{every_format, one_number_per_line, read_all, read_all_with, request, write_file};
 use ssdcache_sim::trace::{self, BlkparseAction, Format, Op, OpenOptions, Request};
-
-fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = dir.path().join(name);
-    let mut file = std::fs::File::create(&path).unwrap();
-    file.write_all(bytes).unwrap();
-    path
-}
 
 fn read_bytes(name: &str, bytes: &[u8], format: Format) -> (Vec<Request>, Vec<String>, u64) {
     let dir = tempfile::tempdir().unwrap();
@@ -86,10 +76,7 @@ fn blkparse_can_take_issue_or_completion_events_instead() {
             blkparse_action: action,
             ..OpenOptions::default()
         };
-        trace::open_with(&path, Format::Blkparse, &options)
-            .unwrap()
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap()
+        read_all_with(&path, Format::Blkparse, &options).requests
     };
     let issued = read_with(BlkparseAction::Issue);
     assert_eq!(
@@ -231,10 +218,7 @@ fn oracle_general_id_unit_can_be_changed() {
         oracle_general_id_unit: 4096,
         ..OpenOptions::default()
     };
-    let requests: Vec<Request> = trace::open_with(&path, Format::OracleGeneral, &options)
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let requests = read_all_with(&path, Format::OracleGeneral, &options).requests;
     assert_eq!(requests, vec![request(0, 0, Op::Read, 3 * 4096, 4096)]);
 }
 
@@ -259,7 +243,7 @@ fn every_sample_reads_as_its_format_and_is_detected() {
         let path = write_file(&dir, "sample", &sample(format));
         let read = read_all(&path, format);
         assert_eq!(read.requests.len(), SAMPLE_REQUESTS, "{format}");
-        if !matches!(format, Format::Lirs | Format::SectorList) {
+        if !one_number_per_line(format) {
             let detected =
                 trace::open(&path, Format::Auto).unwrap_or_else(|e| panic!("{format}: {e}"));
             assert_eq!(detected.info().format, format);
@@ -269,7 +253,7 @@ fn every_sample_reads_as_its_format_and_is_detected() {
 
 #[test]
 fn format_names_round_trip_and_unknown_names_list_the_formats() {
-    for format in std::iter::once(Format::Auto).chain(Format::ALL) {
+    for format in every_format() {
         assert_eq!(format.to_string().parse::<Format>().unwrap(), format);
     }
     let names: Vec<String> = Format::ALL.iter().map(ToString::to_string).collect();

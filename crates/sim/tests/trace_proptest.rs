@@ -6,6 +6,7 @@ mod common;
 use std::io::Cursor;
 use std::path::Path;
 
+use common::every_format;
 use common::samples::sample;
 use proptest::prelude::*;
 use ssdcache_sim::trace::{
@@ -29,16 +30,25 @@ fn write_ssdcache(requests: &[(u64, String, Op, u64, u64)], sample_rate: Option<
     text.into_bytes()
 }
 
+/// Opens `bytes` as a trace called `name`.
+fn open_bytes(
+    name: &str,
+    bytes: Vec<u8>,
+    format: Format,
+) -> Result<trace::Trace, trace::TraceError> {
+    trace::from_reader(
+        Path::new(name),
+        Box::new(Cursor::new(bytes)),
+        format,
+        &OpenOptions::default(),
+    )
+}
+
 fn read_from_bytes(
     bytes: Vec<u8>,
     format: Format,
 ) -> Result<(Vec<Request>, trace::Trace), trace::TraceError> {
-    let mut trace = trace::from_reader(
-        Path::new("mem"),
-        Box::new(Cursor::new(bytes)),
-        format,
-        &OpenOptions::default(),
-    )?;
+    let mut trace = open_bytes("mem", bytes, format)?;
     let requests = trace.by_ref().collect::<Result<Vec<_>, _>>()?;
     Ok((requests, trace))
 }
@@ -112,12 +122,7 @@ proptest! {
 
 /// Reads `bytes` as `format` to the end or the first error; a panic fails the test.
 fn read_without_panic(bytes: &[u8], format: Format) {
-    let Ok(trace) = trace::from_reader(
-        Path::new("fuzz"),
-        Box::new(Cursor::new(bytes.to_vec())),
-        format,
-        &OpenOptions::default(),
-    ) else {
+    let Ok(trace) = open_bytes("fuzz", bytes.to_vec(), format) else {
         return;
     };
     // Every request takes at least one byte of the input.
@@ -127,10 +132,6 @@ fn read_without_panic(bytes: &[u8], format: Format) {
             break;
         }
     }
-}
-
-fn every_format() -> impl Iterator<Item = Format> {
-    std::iter::once(Format::Auto).chain(Format::ALL)
 }
 
 proptest! {

@@ -7,8 +7,7 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_u64, split_whitespace_exact, to_bytes, ErrorContext, Line, LineParser,
-    Lines, TextReader,
+    parse_u64, split_whitespace_exact, ErrorContext, Line, LineParser, Lines, TextReader,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -34,10 +33,8 @@ impl LineParser for ArcLines {
         let count = parse_u64(count).ok_or_else(|| {
             line.bad_field("block count", count, "a decimal count of 512-byte sectors")
         })?;
-        let offset = to_bytes(start, SECTOR, "start block").map_err(|m| line.error(m))?;
-        let len = to_bytes(count, SECTOR, "block count").map_err(|m| line.error(m))?;
-        checked_request(0, 0, Op::Read, offset, len)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        let offset = line.to_bytes(start, SECTOR, "start block")?;
+        let len = line.to_bytes(count, SECTOR, "block count")?;
+        line.request(0, 0, Op::Read, offset, len)
     }
 }

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, parse_scaled_decimal, parse_u64, to_bytes, Clock, ErrorContext, Line,
-    LineParser, Lines, TextReader, VolumeTable,
+    parse_scaled_decimal, parse_u64, split_whitespace, Clock, ErrorContext, Line, LineParser,
+    Lines, TextReader, VolumeTable,
 };
 use super::{BlkparseAction, Op, Parser, Request, TraceError};
 
@@ -98,10 +98,7 @@ fn rwbs_op(rwbs: &[u8]) -> Option<RwbsOp> {
 
 impl LineParser for BlkparseLines {
     fn parse_line(&mut self, line: &Line<'_>) -> Result<Option<Request>, TraceError> {
-        let mut fields = line
-            .text
-            .split(|b| b.is_ascii_whitespace())
-            .filter(|field| !field.is_empty());
+        let mut fields = split_whitespace(line.text);
         let device = fields.next().unwrap_or_default();
         if !is_device(device) {
             if starts_summary(line.text) {
@@ -167,13 +164,11 @@ impl LineParser for BlkparseLines {
         let count = parse_u64(count).ok_or_else(|| {
             line.bad_field("sector count", count, "a decimal count of 512-byte sectors")
         })?;
-        let offset = to_bytes(sector, SECTOR, "sector").map_err(|m| line.error(m))?;
-        let len = to_bytes(count, SECTOR, "sector count").map_err(|m| line.error(m))?;
+        let offset = line.to_bytes(sector, SECTOR, "sector")?;
+        let len = line.to_bytes(count, SECTOR, "sector count")?;
         let volume = self.volumes.id(device, line)?;
         let time_ns = self.clock.since_first(time);
-        checked_request(time_ns, volume, op, offset, len)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, len)
     }
 
     fn volume_names(&self) -> &[String] {

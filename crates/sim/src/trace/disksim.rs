@@ -9,8 +9,8 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_scaled_decimal, parse_u64, split_whitespace_exact, to_bytes, Clock,
-    ErrorContext, Line, LineParser, Lines, TextReader, VolumeTable,
+    parse_scaled_decimal, parse_u64, split_whitespace_exact, Clock, ErrorContext, Line, LineParser,
+    Lines, TextReader, VolumeTable,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -18,15 +18,10 @@ const SECTOR: u64 = 512;
 const FIELDS: &str = "arrival_time device start_sector sector_count flags";
 
 pub(crate) fn reader(ctx: Arc<ErrorContext>, input: Box<dyn BufRead + Send>) -> Box<dyn Parser> {
-    TextReader::boxed(
-        Lines::new(ctx, input),
-        DisksimLines {
-            volumes: VolumeTable::default(),
-            clock: Clock::default(),
-        },
-    )
+    TextReader::boxed(Lines::new(ctx, input), DisksimLines::default())
 }
 
+#[derive(Default)]
 struct DisksimLines {
     volumes: VolumeTable,
     clock: Clock,
@@ -69,13 +64,11 @@ impl LineParser for DisksimLines {
             line.bad_field("flags", flags, "a decimal flag word (1 = read, 0 = write)")
         })?;
         let op = if flags & 1 == 1 { Op::Read } else { Op::Write };
-        let offset = to_bytes(start, SECTOR, "start sector").map_err(|m| line.error(m))?;
-        let len = to_bytes(count, SECTOR, "sector count").map_err(|m| line.error(m))?;
+        let offset = line.to_bytes(start, SECTOR, "start sector")?;
+        let len = line.to_bytes(count, SECTOR, "sector count")?;
         let volume = self.volumes.id(device, line)?;
         let time_ns = self.clock.since_first(time);
-        checked_request(time_ns, volume, op, offset, len)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, len)
     }
 
     fn volume_names(&self) -> &[String] {

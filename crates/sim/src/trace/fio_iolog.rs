@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, parse_u64, Clock, ErrorContext, Line, LineParser, Lines, TextReader,
-    VolumeTable,
+    first_fields, parse_u64, split_whitespace, Clock, ErrorContext, Line, LineParser, Lines,
+    TextReader, VolumeTable,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -106,18 +106,7 @@ impl FioLines {
 
 impl LineParser for FioLines {
     fn parse_line(&mut self, line: &Line<'_>) -> Result<Option<Request>, TraceError> {
-        let mut fields = [&b""[..]; 5];
-        let mut count = 0;
-        for field in line
-            .text
-            .split(|b| b.is_ascii_whitespace())
-            .filter(|f| !f.is_empty())
-        {
-            if count < fields.len() {
-                fields[count] = field;
-            }
-            count += 1;
-        }
+        let (fields, count) = first_fields::<5>(split_whitespace(line.text));
         let (timestamp, rest) = match (self.version, count) {
             (Version::V2, 2 | 4) => (None, &fields[..count]),
             (Version::V3, 3 | 5) => (Some(fields[0]), &fields[1..count]),
@@ -170,9 +159,7 @@ impl LineParser for FioLines {
             .clock
             .since_first(time_us)
             .saturating_mul(MICROSECOND_NS);
-        checked_request(time_ns, volume, op, offset, len)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, len)
     }
 
     fn volume_names(&self) -> &[String] {

@@ -212,6 +212,34 @@ impl Line<'_> {
             Snippet(found)
         ))
     }
+
+    /// True for line 1 when it is `header` (but for ASCII case and surrounding whitespace): the
+    /// optional column header of a csv format.
+    pub fn is_header(&self, header: &[u8]) -> bool {
+        self.number == 1 && self.text.trim_ascii().eq_ignore_ascii_case(header)
+    }
+
+    /// [`to_bytes`], its complaint an error at this line.
+    #[inline]
+    pub fn to_bytes(&self, count: u64, unit: u64, what: &str) -> Result<u64, TraceError> {
+        to_bytes(count, unit, what).map_err(|message| self.error(message))
+    }
+
+    /// The request this line carries after [`checked_request`]'s range checks, as
+    /// [`LineParser::parse_line`] returns it; their complaint an error at this line.
+    #[inline]
+    pub fn request(
+        &self,
+        time_ns: u64,
+        volume: u32,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Request>, TraceError> {
+        checked_request(time_ns, volume, op, offset, len)
+            .map(Some)
+            .map_err(|message| self.error(message))
+    }
 }
 
 /// Reads a text trace line by line into one reused buffer.
@@ -516,38 +544,44 @@ pub(crate) fn parse_scaled_decimal(field: &[u8], exponent: u32) -> Option<u64> {
 
 /// Splits `line` at every `separator` into exactly `N` fields, or returns how many it has.
 pub(crate) fn split_exact<const N: usize>(line: &[u8], separator: u8) -> Result<[&[u8]; N], usize> {
-    let mut fields: [&[u8]; N] = [&[]; N];
-    let mut count = 0;
-    for field in line.split(|&b| b == separator) {
-        if count < N {
-            fields[count] = field;
-        }
-        count += 1;
-    }
-    if count == N {
-        Ok(fields)
-    } else {
-        Err(count)
-    }
+    exactly(line.split(|&b| b == separator))
 }
 
 /// Splits `line` at runs of ASCII whitespace into exactly `N` fields, or returns how many it has.
 pub(crate) fn split_whitespace_exact<const N: usize>(line: &[u8]) -> Result<[&[u8]; N], usize> {
-    let mut fields: [&[u8]; N] = [&[]; N];
-    let mut count = 0;
-    for field in line
-        .split(|b| b.is_ascii_whitespace())
+    exactly(split_whitespace(line))
+}
+
+/// The fields of `line` between runs of ASCII whitespace.
+pub(crate) fn split_whitespace(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|b| b.is_ascii_whitespace())
         .filter(|field| !field.is_empty())
-    {
+}
+
+/// The first `N` of `fields` (the rest of the array empty when there are fewer) and how many
+/// there are in all, counted without storing them.
+#[inline]
+pub(crate) fn first_fields<'a, const N: usize>(
+    fields: impl Iterator<Item = &'a [u8]>,
+) -> ([&'a [u8]; N], usize) {
+    let mut first: [&[u8]; N] = [&[]; N];
+    let mut count = 0;
+    for field in fields {
         if count < N {
-            fields[count] = field;
+            first[count] = field;
         }
         count += 1;
     }
-    if count == N {
-        Ok(fields)
-    } else {
-        Err(count)
+    (first, count)
+}
+
+#[inline]
+fn exactly<'a, const N: usize>(
+    fields: impl Iterator<Item = &'a [u8]>,
+) -> Result<[&'a [u8]; N], usize> {
+    match first_fields::<N>(fields) {
+        (first, count) if count == N => Ok(first),
+        (_, count) => Err(count),
     }
 }
 

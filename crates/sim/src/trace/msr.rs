@@ -8,8 +8,8 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_u64, position_in, split_exact, trim, Clock, ErrorContext, Line,
-    LineParser, Lines, TextReader, VolumeTable,
+    parse_u64, position_in, split_exact, trim, Clock, ErrorContext, Line, LineParser, Lines,
+    TextReader, VolumeTable,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -59,9 +59,7 @@ impl LineParser for MsrLines {
         let name_end = position_in(line.text, disk) + disk.len();
         let volume = self.volumes.id(&line.text[name_start..name_end], line)?;
         let time_ns = self.clock.since_first(timestamp).saturating_mul(TICK_NS);
-        checked_request(time_ns, volume, op, offset, size)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, size)
     }
 
     fn volume_names(&self) -> &[String] {

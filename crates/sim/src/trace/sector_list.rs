@@ -6,9 +6,7 @@
 use std::io::BufRead;
 use std::sync::Arc;
 
-use super::input::{
-    checked_request, parse_u64, to_bytes, ErrorContext, Line, LineParser, Lines, TextReader,
-};
+use super::input::{parse_u64, ErrorContext, Line, LineParser, Lines, TextReader};
 use super::{Op, Parser, Request, TraceError};
 
 const SECTOR: u64 = 512;
@@ -39,9 +37,7 @@ impl LineParser for NumberPerLine {
             return Ok(None);
         }
         let number = parse_u64(text).ok_or_else(|| line.bad_field("line", text, self.expected))?;
-        let offset = to_bytes(number, self.unit, "block").map_err(|m| line.error(m))?;
-        checked_request(0, 0, Op::Read, offset, self.unit)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        let offset = line.to_bytes(number, self.unit, "block")?;
+        line.request(0, 0, Op::Read, offset, self.unit)
     }
 }

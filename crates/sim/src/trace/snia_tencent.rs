@@ -7,8 +7,8 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_u64, split_exact, to_bytes, trim, Clock, ErrorContext, Line, LineParser,
-    Lines, TextReader, VolumeTable,
+    parse_u64, split_exact, trim, Clock, ErrorContext, Line, LineParser, Lines, TextReader,
+    VolumeTable,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -17,15 +17,10 @@ const SECOND_NS: u64 = 1_000_000_000;
 const FIELDS: &str = "timestamp,offset,size,io_type,volume_id";
 
 pub(crate) fn reader(ctx: Arc<ErrorContext>, input: Box<dyn BufRead + Send>) -> Box<dyn Parser> {
-    TextReader::boxed(
-        Lines::new(ctx, input),
-        TencentLines {
-            volumes: VolumeTable::default(),
-            clock: Clock::default(),
-        },
-    )
+    TextReader::boxed(Lines::new(ctx, input), TencentLines::default())
 }
 
+#[derive(Default)]
 struct TencentLines {
     volumes: VolumeTable,
     clock: Clock,
@@ -55,12 +50,10 @@ impl LineParser for TencentLines {
             return Err(line.bad_field("volume_id", volume, "a decimal volume id"));
         }
         let volume = self.volumes.id(volume, line)?;
-        let offset = to_bytes(offset, SECTOR, "offset").map_err(|m| line.error(m))?;
-        let len = to_bytes(size, SECTOR, "size").map_err(|m| line.error(m))?;
+        let offset = line.to_bytes(offset, SECTOR, "offset")?;
+        let len = line.to_bytes(size, SECTOR, "size")?;
         let time_ns = self.clock.since_first(timestamp).saturating_mul(SECOND_NS);
-        checked_request(time_ns, volume, op, offset, len)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, len)
     }
 
     fn volume_names(&self) -> &[String] {

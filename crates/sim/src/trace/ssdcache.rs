@@ -55,9 +55,9 @@ use std::sync::Arc;
 
 use super::error::Snippet;
 use super::input::{
-    checked_request, parse_u64, split_exact, ErrorContext, Line, LineParser, Lines, TextReader,
+    parse_u64, split_exact, split_whitespace, Clock, ErrorContext, Line, LineParser, Lines,
+    TextReader, VolumeTable,
 };
-use super::input::{Clock, VolumeTable};
 use super::{Op, Parser, Request, Sampling, TraceError};
 
 /// The first line of every ssdcache trace of version 1.
@@ -121,10 +121,7 @@ fn read_header(lines: &mut Lines) -> Result<Sampling, TraceError> {
 }
 
 fn read_settings(line: &Line<'_>, sampling: &mut Sampling) -> Result<(), TraceError> {
-    let words = line.text[1..]
-        .split(|b| b.is_ascii_whitespace())
-        .filter(|word| !word.is_empty());
-    for word in words {
+    for word in split_whitespace(&line.text[1..]) {
         let Some(equals) = word.iter().position(|&b| b == b'=') else {
             continue;
         };
@@ -196,9 +193,7 @@ impl LineParser for SsdcacheLines {
             .clock
             .since_first(time_us)
             .saturating_mul(MICROSECOND_NS);
-        checked_request(time_ns, volume, op, offset, length)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, length)
     }
 
     fn volume_names(&self) -> &[String] {

@@ -9,8 +9,8 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_scaled_decimal, parse_u64, split_exact, trim, Clock, ErrorContext, Line,
-    LineParser, Lines, TextReader, VolumeTable,
+    parse_scaled_decimal, parse_u64, split_exact, trim, Clock, ErrorContext, Line, LineParser,
+    Lines, TextReader, VolumeTable,
 };
 use super::{Op, Parser, Request, TraceError};
 
@@ -18,15 +18,10 @@ const HEADER: &[u8] = b"Timestamp,Response,IOType,LUN,Offset,Size";
 const NANOSECOND_DIGITS: u32 = 9;
 
 pub(crate) fn reader(ctx: Arc<ErrorContext>, input: Box<dyn BufRead + Send>) -> Box<dyn Parser> {
-    TextReader::boxed(
-        Lines::new(ctx, input),
-        SystorLines {
-            volumes: VolumeTable::default(),
-            clock: Clock::default(),
-        },
-    )
+    TextReader::boxed(Lines::new(ctx, input), SystorLines::default())
 }
 
+#[derive(Default)]
 struct SystorLines {
     volumes: VolumeTable,
     clock: Clock,
@@ -34,7 +29,7 @@ struct SystorLines {
 
 impl LineParser for SystorLines {
     fn parse_line(&mut self, line: &Line<'_>) -> Result<Option<Request>, TraceError> {
-        if line.number == 1 && line.text.trim_ascii().eq_ignore_ascii_case(HEADER) {
+        if line.is_header(HEADER) {
             return Ok(None);
         }
         let [timestamp, response, io_type, lun, offset, size] =
@@ -64,9 +59,7 @@ impl LineParser for SystorLines {
             .ok_or_else(|| line.bad_field("Size", size, "a decimal byte count"))?;
         let volume = self.volumes.id(lun, line)?;
         let time_ns = self.clock.since_first(timestamp);
-        checked_request(time_ns, volume, op, offset, size)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        line.request(time_ns, volume, op, offset, size)
     }
 
     fn volume_names(&self) -> &[String] {

@@ -10,8 +10,8 @@ use std::io::BufRead;
 use std::sync::Arc;
 
 use super::input::{
-    checked_request, parse_hex_u64, parse_scaled_decimal, parse_u64, split_exact, to_bytes, trim,
-    Clock, ErrorContext, Line, LineParser, Lines, TextReader,
+    parse_hex_u64, parse_scaled_decimal, parse_u64, split_exact, trim, Clock, ErrorContext, Line,
+    LineParser, Lines, TextReader,
 };
 use super::vscsi::scsi_op;
 use super::{Parser, Request, TraceError};
@@ -21,15 +21,10 @@ const SECTOR: u64 = 512;
 const NANOSECOND_DIGITS: u32 = 9;
 
 pub(crate) fn reader(ctx: Arc<ErrorContext>, input: Box<dyn BufRead + Send>) -> Box<dyn Parser> {
-    TextReader::boxed(
-        Lines::new(ctx, input),
-        VscsiCsvLines {
-            clock: Clock::default(),
-            skipped: 0,
-        },
-    )
+    TextReader::boxed(Lines::new(ctx, input), VscsiCsvLines::default())
 }
 
+#[derive(Default)]
 struct VscsiCsvLines {
     clock: Clock,
     skipped: u64,
@@ -37,7 +32,7 @@ struct VscsiCsvLines {
 
 impl LineParser for VscsiCsvLines {
     fn parse_line(&mut self, line: &Line<'_>) -> Result<Option<Request>, TraceError> {
-        if line.number == 1 && line.text.trim_ascii().eq_ignore_ascii_case(HEADER) {
+        if line.is_header(HEADER) {
             return Ok(None);
         }
         let [version, time, opcode, size, lbn] = split_exact::<5>(line.text, b',')
@@ -63,10 +58,8 @@ impl LineParser for VscsiCsvLines {
             return Ok(None);
         };
         let time_ns = self.clock.since_first(time);
-        let offset = to_bytes(lbn, SECTOR, "lbn").map_err(|m| line.error(m))?;
-        checked_request(time_ns, 0, op, offset, size)
-            .map(Some)
-            .map_err(|message| line.error(message))
+        let offset = line.to_bytes(lbn, SECTOR, "lbn")?;
+        line.request(time_ns, 0, op, offset, size)
     }
 
     fn skipped(&self) -> u64 {

@@ -5,7 +5,7 @@ pub mod samples;
 
 use std::path::{Path, PathBuf};
 
-use ssdcache_sim::trace::{self, Format, Op, Request, Trace, TraceError};
+use ssdcache_sim::trace::{self, Format, Op, OpenOptions, Request, Trace, TraceError};
 
 /// The shared traces sit beside the checkout; a missing file fails the test that needs it.
 pub fn shared(relative: &str) -> PathBuf {
@@ -18,13 +18,35 @@ pub fn shared(relative: &str) -> PathBuf {
     path
 }
 
+/// Writes `bytes` to a file `name` in `dir`.
+pub fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    path
+}
+
+/// `auto` first, then every concrete format.
+pub fn every_format() -> impl Iterator<Item = Format> {
+    std::iter::once(Format::Auto).chain(Format::ALL)
+}
+
+/// Formats whose files are one number per line: `auto` cannot tell them apart, and each reads
+/// the other's files without error.
+pub fn one_number_per_line(format: Format) -> bool {
+    matches!(format, Format::Lirs | Format::SectorList)
+}
+
 pub struct ReadAll {
     pub requests: Vec<Request>,
     pub trace: Trace,
 }
 
 pub fn read_all(path: &Path, format: Format) -> ReadAll {
-    let mut trace = trace::open(path, format)
+    read_all_with(path, format, &OpenOptions::default())
+}
+
+pub fn read_all_with(path: &Path, format: Format, options: &OpenOptions) -> ReadAll {
+    let mut trace = trace::open_with(path, format, options)
         .unwrap_or_else(|e| panic!("opening {} as {format}: {e}", path.display()));
     let requests: Vec<Request> = trace
         .by_ref()
