@@ -304,10 +304,10 @@ def main():
     if not keys:
         del out[hit_start:]
     commands = open(os.path.join(res, "commands.txt")).read()
-    out.extend(simreport.section(res))
     if env.get("wb"):
         out.extend(wbreport.section(res, env, compare))
         commands = wbreport.other_commands(commands)   # section 3 lists its own
+    out.extend(simreport.section(res))
     w("## Commands")
     w("")
     w("As run by `bench/run` (`$T` is the scratch folder, `.` the repository; RESULT.json is one file per run"

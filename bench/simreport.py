@@ -16,7 +16,7 @@ def section(res):
     med = {k: statistics.median(float(r["req_per_cpu_s"]) for r in v) for k, v in groups.items()}
     miss = {k: v[0]["miss_ratio"] for k, v in groups.items()}
     runs = max(len(v) for v in groups.values())
-    out = ["## Simulator speed", ""]
+    out = ["## 4. Simulator speed", ""]
     out.append(
         "Block references simulated per CPU second (user + system time of the whole process, trace "
         "reading and start-up included; median of %d run%s), one cache of 10%% of the trace's unique "

@@ -70,6 +70,9 @@ fn main() -> Result<()> {
 struct DestageArgs {
     #[arg(long)]
     cache: PathBuf,
+    /// Replacement policy of the cache
+    #[arg(long, default_value = ssdcache_engine::policy::DEFAULT_POLICY)]
+    policy: String,
     #[arg(long)]
     cache_size: u64,
     #[arg(long)]
@@ -140,7 +143,14 @@ fn write_back_cache(
     cache_dev: Arc<FileDevice>,
     backing: Arc<dyn BlockDevice>,
     line_size: u64,
+    policy: &str,
 ) -> Result<Cache> {
+    let policy = ssdcache_engine::policy::id_of(policy).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown policy {policy:?}; choose from: {}",
+            ssdcache_engine::policy::names().join(", ")
+        )
+    })?;
     format(
         &*cache_dev,
         line_size,
@@ -149,7 +159,7 @@ fn write_back_cache(
             mode: CacheMode::WriteBack,
             backing: identity(backing.size()),
             sequential_cutoff: 0,
-            policy: ssdcache_engine::policy::default_id(),
+            policy,
             admission: Default::default(),
         },
     )?;
@@ -223,6 +233,7 @@ fn destage(a: &DestageArgs) -> Result<()> {
         sparse_file(&a.cache, a.cache_size)?,
         recording.clone(),
         a.line_size,
+        &a.policy,
     )?;
     let t0 = Instant::now();
     load(&cache, &writes)?;
@@ -315,7 +326,12 @@ fn recovery(cache_path: &Path, cache_size: u64, backing_path: &Path, line_size: 
     let cache_dev = sparse_file(cache_path, cache_size)?;
     let backing_size = 2 * cache_size;
     let backing: Arc<dyn BlockDevice> = sparse_file(backing_path, backing_size)?;
-    let cache = write_back_cache(cache_dev.clone(), backing.clone(), line_size)?;
+    let cache = write_back_cache(
+        cache_dev.clone(),
+        backing.clone(),
+        line_size,
+        ssdcache_engine::policy::DEFAULT_POLICY,
+    )?;
     let lines = cache.layout().line_count;
     let writes: Vec<(u64, u64)> = (0..lines).map(|i| (i * line_size, line_size)).collect();
     let t0 = Instant::now();
