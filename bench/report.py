@@ -135,6 +135,10 @@ def main():
     w(f"* scratch files on {env['fs']}")
     w(f"* load average at start / end: {env['load_start']} / {env['load_end']} "
       "(other work on the machine shares the 2 CPUs and the disk)")
+    rerun = env.get("wb_rerun")
+    if rerun:
+        w(f"* section 3 comes from a separate run (`bench/run --only wb`, {rerun['date']}, ssdcache "
+          f"{rerun['ssdcache']}, load average {rerun['load_start']} / {rerun['load_end']}): see its findings")
     w("")
     w("Versions: " + ", ".join([
         f"ssdcache {env['ssdcache']}", env["nbdkit"], env["fio"], env["rustc"]]
