@@ -28,7 +28,8 @@ pub struct TraceArgs {
     /// fio-iolog, snia-tencent, systor, disksim, lirs, ssdcache (docs/traces.md)
     #[arg(long, value_name = "NAME", default_value = "auto")]
     pub format: Format,
-    /// Cache line size: a power of two from 512 bytes; the engine's lines are 4KiB to 1MiB
+    /// Cache line size: a power of two from 512 bytes. 4KiB compares with other simulators;
+    /// to predict a cache made by `ssdcache create` pass its line size (64KiB by default)
     #[arg(long, value_name = "SIZE", default_value = "4KiB", value_parser = parse_line_size)]
     pub line_size: u64,
 }
