@@ -27,7 +27,7 @@ use serde::Serialize;
 use ssdcache_engine::admission::{Admission, NHitAdmission, StreamDetector};
 use ssdcache_engine::policy::{self, ReplacementPolicy};
 
-use crate::trace::{Op, Request};
+use crate::trace::{block_key, Op, Request, MIN_LINE_SIZE};
 
 /// How writes are handled (the engine's modes that cache).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -162,16 +162,13 @@ pub struct Simulation {
     counters: SimCounters,
 }
 
-/// Keys carry the volume above the line number, as the engine's `line_key` does.
-const VOLUME_SHIFT: u32 = 48;
-
 impl Simulation {
     pub fn new(config: SimConfig) -> Result<Simulation, SimError> {
         let lines = config.cache_lines;
         if lines == 0 || lines >= u64::from(u32::MAX) {
             return Err(SimError::BadSize { lines });
         }
-        if !config.line_size.is_power_of_two() || config.line_size < 512 {
+        if !config.line_size.is_power_of_two() || config.line_size < MIN_LINE_SIZE {
             return Err(SimError::BadLineSize(config.line_size));
         }
         let slots = lines as u32;
@@ -213,7 +210,7 @@ impl Simulation {
             let end = ((line + 1) << self.line_shift).min(r.offset + r.len);
             let bytes = end - start;
             debug_assert!(bytes > 0 && bytes <= line_size);
-            let key = (u64::from(r.volume) << VOLUME_SHIFT) | line;
+            let key = block_key(r.volume, line);
             if bypass {
                 self.counters.bypassed_refs += 1;
             }
@@ -249,7 +246,8 @@ impl Simulation {
             Mode::WriteAround => {
                 self.counters.backing_bytes_written += bytes;
                 if let Some(slot) = cached {
-                    self.drop_slot(slot);
+                    self.release(slot);
+                    self.free.push(slot);
                 }
             }
             Mode::WriteThrough => {
@@ -296,8 +294,8 @@ impl Simulation {
                     unreachable!("a full cache of evictable lines has a victim");
                 };
                 self.counters.evictions += 1;
-                self.drop_slot(victim);
-                self.free.pop().unwrap_or(victim)
+                self.release(victim);
+                victim
             }
         };
         self.key_of[slot as usize] = key;
@@ -306,14 +304,14 @@ impl Simulation {
         self.policy.insert(slot, key);
     }
 
-    /// Evicts or invalidates a slot, writing a dirty line back first.
-    fn drop_slot(&mut self, slot: u32) {
+    /// Empties a slot (eviction or invalidation), writing a dirty line back first; the
+    /// caller reuses it or puts it on the free list.
+    fn release(&mut self, slot: u32) {
         if std::mem::take(&mut self.dirty[slot as usize]) {
             self.counters.backing_bytes_written += self.config.line_size;
         }
         self.slot_of.remove(&self.key_of[slot as usize]);
         self.policy.remove(slot);
-        self.free.push(slot);
     }
 
     pub fn finish(mut self) -> SimResult {
