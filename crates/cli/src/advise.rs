@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 use ssdcache_engine::admission::Admission;
@@ -30,7 +30,7 @@ pub struct AdviseArgs {
     #[arg(long, value_name = "R", value_parser = parse_ratio)]
     target_hit_ratio: f64,
     /// Replacement policy [default: the engine's default]
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = crate::simulate::parse_policy)]
     policy: Option<String>,
     /// Admission: always, 2-hit, 3-hit, ... [default: the engine's default]
     #[arg(long, value_name = "NAME")]
@@ -108,12 +108,6 @@ pub fn run(args: AdviseArgs) -> Result<()> {
         .policy
         .clone()
         .unwrap_or_else(|| ssdcache_engine::policy::DEFAULT_POLICY.to_string());
-    if ssdcache_engine::policy::id_of(&policy).is_none() {
-        bail!(
-            "unknown policy {policy:?}; choose from: {}",
-            ssdcache_engine::policy::names().join(", ")
-        );
-    }
     let admission = args.admission.unwrap_or_default();
     let (summary, info) = summarize(&args.trace)?;
     let config = |lines: u64| SimConfig {

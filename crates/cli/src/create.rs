@@ -129,7 +129,7 @@ pub fn run(args: CreateArgs) -> Result<()> {
 }
 
 pub(crate) fn parse_policy(name: &str) -> Result<u32, String> {
-    ssdcache_engine::policy::id_of(name).ok_or_else(|| {
+    ssdcache_engine::policy::id_of(&name.trim().to_ascii_lowercase()).ok_or_else(|| {
         format!(
             "unknown policy {name:?}; choose one of: {}",
             ssdcache_engine::policy::names().join(", ")

@@ -114,16 +114,9 @@ fn parse_line_size(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
-fn parse_policy(s: &str) -> Result<String, String> {
-    let name = s.trim().to_ascii_lowercase();
-    ssdcache_engine::policy::id_of(&name)
-        .map(|_| name.clone())
-        .ok_or_else(|| {
-            format!(
-                "unknown policy {s:?}; choose from: {}",
-                ssdcache_engine::policy::names().join(", ")
-            )
-        })
+/// A policy's name, as `create --policy` checks it.
+pub fn parse_policy(s: &str) -> Result<String, String> {
+    crate::create::parse_policy(s).map(|id| ssdcache_engine::policy::NAMES[id as usize].to_owned())
 }
 
 /// What one pass over a trace found: its size in requests, line references, unique lines and
