@@ -136,6 +136,7 @@ impl Cache {
         batch_lines: usize,
         pause: Option<Duration>,
     ) -> Result<BatchReport> {
+        self.core().check_running()?;
         let lines = self.plan(batch_lines, select);
         if lines.is_empty() {
             return Ok(BatchReport::default());
@@ -179,14 +180,13 @@ impl Cache {
                 }
             })?;
         }
-        {
-            let mut map = self.core().map();
+        report.lines_cleaned = self.core().with_map(|map| {
+            let mut marked = 0;
             for (line, sectors) in cleaned.values() {
-                if map.mark_clean(line, sectors) {
-                    report.lines_cleaned += 1;
-                }
+                marked += u64::from(map.mark_clean(line, sectors)?);
             }
-        }
+            Ok(marked)
+        })?;
         for (e, outcome) in extents.iter().zip(&outcomes) {
             if let (Outcome::Written, Some(i)) = (outcome, index_of(e.volume)) {
                 self.volumes()[i].count_pub(Counter::BytesCleaned, e.len);

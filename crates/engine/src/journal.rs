@@ -61,7 +61,6 @@ pub fn write_commit(
     }
     let per_block = entries_per_block(layout.line_size);
     let blocks = blocks_for(records.len(), layout);
-    debug_assert!(pos.live_blocks() + blocks <= layout.journal_blocks());
     let mut buf = AlignedBuf::zeroed((blocks * SECTOR_SIZE) as usize);
     for (i, chunk) in records.chunks(per_block).enumerate() {
         let entries: Vec<JournalEntry> = chunk

@@ -6,6 +6,7 @@
 pub mod admission;
 mod cache;
 pub mod cleaner;
+mod commit;
 mod error;
 mod journal;
 mod locks;

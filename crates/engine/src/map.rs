@@ -2,6 +2,10 @@
 //! the replacement policy, and the bookkeeping the journal needs (which slots changed since the
 //! last commit, which slots the durable metadata may still call dirty). Everything here runs
 //! under one mutex held only for bookkeeping, never across I/O.
+//!
+//! The checks that guard user data (a slot is reused only when free and not possibly durably
+//! dirty; a stored slot is mapped; dirty sectors are valid) run in release builds too and
+//! return [`Invariant`]: the engine then halts instead of writing on (docs/design.md §4.7).
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -12,6 +16,20 @@ use ssdcache_format::superblock::MAX_VOLUMES;
 use ssdcache_format::{LineRecord, SectorBitmap};
 
 const NO_KEY: LineKey = u64::MAX;
+
+/// A failed check on the map's bookkeeping: what was about to go wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invariant(pub String);
+
+type Checked<T = ()> = std::result::Result<T, Invariant>;
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Checked {
+    if ok {
+        Ok(())
+    } else {
+        Err(Invariant(what()))
+    }
+}
 
 pub fn volume_of(key: LineKey) -> u16 {
     (key >> 48) as u16
@@ -120,13 +138,14 @@ impl MapState {
 
     /// Stores both bitmaps of a slot and keeps the statistics, the dirty index and the change
     /// list in step. Frees the slot when no valid sector remains.
-    fn store(&mut self, slot: u32, valid: SectorBitmap, dirty: SectorBitmap, now: u32) {
+    fn store(&mut self, slot: u32, valid: SectorBitmap, dirty: SectorBitmap, now: u32) -> Checked {
         let key = self.keys[slot as usize];
-        debug_assert_ne!(key, NO_KEY, "store into a free slot");
-        debug_assert!(
-            (0..4).all(|w| dirty.0[w] & !valid.0[w] == 0),
-            "dirty sector that is not valid"
-        );
+        check(key != NO_KEY, || {
+            format!("sector state stored into free slot {slot}")
+        })?;
+        check((0..4).all(|w| dirty.0[w] & !valid.0[w] == 0), || {
+            format!("slot {slot} would hold a dirty sector that is not valid")
+        })?;
         let (old_valid, old_dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         let vol = usize::from(volume_of(key));
         self.sectors_valid[vol] =
@@ -154,8 +173,9 @@ impl MapState {
             }
         }
         if valid.is_empty() {
-            self.release(slot);
+            self.release(slot)?;
         }
+        Ok(())
     }
 
     fn note_changed(&mut self, slot: u32) {
@@ -187,9 +207,11 @@ impl MapState {
     /// Finds a slot for a line not in the map: a free one, or the policy's victim among clean
     /// lines no request holds. The caller holds the line's lock. `None` when no slot can be
     /// freed (every line busy or dirty).
-    pub fn allocate(&mut self, volume: u16, line: u64, locks: &LineLocks) -> Option<u32> {
+    pub fn allocate(&mut self, volume: u16, line: u64, locks: &LineLocks) -> Checked<Option<u32>> {
         let key = line_key(volume, line);
-        debug_assert!(!self.map.contains_key(&key), "allocate of a mapped line");
+        check(!self.map.contains_key(&key), || {
+            format!("line {line} of volume {volume} allocated a second slot")
+        })?;
         let slot = loop {
             if let Some(s) = self.free.pop() {
                 break s;
@@ -201,24 +223,36 @@ impl MapState {
                 !durable[s as usize]
                     && dirty[at..at + wpl].iter().all(|&w| w == 0)
                     && !locks.is_held(keys[s as usize])
+            });
+            let Some(victim) = victim else {
+                return Ok(None);
+            };
+            check(self.dirty_bits(victim).is_empty(), || {
+                format!("the replacement policy chose dirty slot {victim} as a victim")
             })?;
-            self.release(victim);
+            self.release(victim)?;
         };
-        debug_assert_eq!(self.keys[slot as usize], NO_KEY);
-        debug_assert!(!self.maybe_durable_dirty[slot as usize]);
+        // Reusing a slot that the durable metadata may still call dirty would let a crash
+        // bring back the new line's data as the old line's.
+        check(
+            (slot as usize) < self.keys.len()
+                && self.keys[slot as usize] == NO_KEY
+                && !self.maybe_durable_dirty[slot as usize],
+            || format!("slot {slot} handed out for reuse while in use or possibly durably dirty"),
+        )?;
         self.keys[slot as usize] = key;
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.map.insert(key, slot);
         self.lines_used[usize::from(volume)] += 1;
         self.policy.insert(slot, key);
-        Some(slot)
+        Ok(Some(slot))
     }
 
     /// Unmaps a slot. It goes back on the free list, or waits for the next commit when the
     /// durable metadata may still call it dirty.
-    fn release(&mut self, slot: u32) {
+    fn release(&mut self, slot: u32) -> Checked {
         let key = self.keys[slot as usize];
-        debug_assert_ne!(key, NO_KEY, "release of a free slot");
+        check(key != NO_KEY, || format!("free slot {slot} released again"))?;
         let vol = usize::from(volume_of(key));
         let (valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         self.sectors_valid[vol] -= u64::from(valid.count());
@@ -242,44 +276,56 @@ impl MapState {
         } else {
             self.free.push(slot);
         }
+        Ok(())
     }
 
     /// Marks sectors valid with data equal to the backing device's (a fill). Sectors already
     /// dirty stay dirty: a fill only ever rewrites them with the same cached data.
-    pub fn set_clean_valid(&mut self, slot: u32, first: usize, count: usize) {
+    pub fn set_clean_valid(&mut self, slot: u32, first: usize, count: usize) -> Checked {
+        self.check_sectors(slot, first, count)?;
         if self.keys[slot as usize] == NO_KEY {
-            return;
+            return Ok(());
         }
         let mut valid = self.valid_bits(slot);
         for s in first..first + count {
             valid.set(s, true);
         }
-        self.store(slot, valid, self.dirty_bits(slot), 0);
+        self.store(slot, valid, self.dirty_bits(slot), 0)
+    }
+
+    fn check_sectors(&self, slot: u32, first: usize, count: usize) -> Checked {
+        check(first + count <= self.sectors_per_line, || {
+            format!(
+                "sectors {first}..{} of slot {slot} lie past its {} sectors",
+                first + count,
+                self.sectors_per_line
+            )
+        })
     }
 
     /// Marks sectors valid and dirty: the cache now holds data the backing device lacks.
-    pub fn set_dirty(&mut self, slot: u32, first: usize, count: usize, now: u32) {
-        debug_assert!(first + count <= self.sectors_per_line);
+    pub fn set_dirty(&mut self, slot: u32, first: usize, count: usize, now: u32) -> Checked {
+        self.check_sectors(slot, first, count)?;
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             valid.set(s, true);
             dirty.set(s, true);
         }
-        self.store(slot, valid, dirty, now);
+        self.store(slot, valid, dirty, now)
     }
 
     /// Drops sectors of a slot (valid and dirty); frees it when nothing valid remains.
-    pub fn invalidate_slot(&mut self, slot: u32, first: usize, count: usize) {
-        debug_assert!(first + count <= self.sectors_per_line);
+    pub fn invalidate_slot(&mut self, slot: u32, first: usize, count: usize) -> Checked {
+        self.check_sectors(slot, first, count)?;
         if self.keys[slot as usize] == NO_KEY {
-            return;
+            return Ok(());
         }
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             valid.set(s, false);
             dirty.set(s, false);
         }
-        self.store(slot, valid, dirty, 0);
+        self.store(slot, valid, dirty, 0)
     }
 
     /// The dirty sectors of a mapped slot.
@@ -288,39 +334,47 @@ impl MapState {
     }
 
     /// Drops the clean sectors among `first..first+count` of a line, keeping dirty ones.
-    pub fn invalidate_clean(&mut self, volume: u16, line: u64, first: usize, count: usize) {
+    pub fn invalidate_clean(
+        &mut self,
+        volume: u16,
+        line: u64,
+        first: usize,
+        count: usize,
+    ) -> Checked {
         let Some(&slot) = self.map.get(&line_key(volume, line)) else {
-            return;
+            return Ok(());
         };
+        self.check_sectors(slot, first, count)?;
         let (mut valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             if !dirty.get(s) {
                 valid.set(s, false);
             }
         }
-        self.store(slot, valid, dirty, 0);
+        self.store(slot, valid, dirty, 0)
     }
 
     /// Drops sectors of a line from the cache, if it is cached.
-    pub fn invalidate(&mut self, volume: u16, line: u64, first: usize, count: usize) {
-        if let Some(&slot) = self.map.get(&line_key(volume, line)) {
-            self.invalidate_slot(slot, first, count);
+    pub fn invalidate(&mut self, volume: u16, line: u64, first: usize, count: usize) -> Checked {
+        match self.map.get(&line_key(volume, line)) {
+            Some(&slot) => self.invalidate_slot(slot, first, count),
+            None => Ok(()),
         }
     }
 
     /// Marks written-back sectors clean, if the slot still holds the same line unchanged since
     /// the cleaner read it (`epoch`). Returns whether it did.
-    pub fn mark_clean(&mut self, line: &DirtyLine, sectors: &SectorBitmap) -> bool {
+    pub fn mark_clean(&mut self, line: &DirtyLine, sectors: &SectorBitmap) -> Checked<bool> {
         let s = line.slot as usize;
         if self.keys[s] != line.key || self.epoch[s] != line.epoch {
-            return false;
+            return Ok(false);
         }
         let mut dirty = self.dirty_bits(line.slot);
         for w in 0..4 {
             dirty.0[w] &= !sectors.0[w];
         }
-        self.store(line.slot, self.valid_bits(line.slot), dirty, 0);
-        true
+        self.store(line.slot, self.valid_bits(line.slot), dirty, 0)?;
+        Ok(true)
     }
 
     pub fn epoch_of(&self, slot: u32) -> u32 {
@@ -484,10 +538,13 @@ impl MapState {
     }
 
     /// Drops a line wherever it is, during recovery (nothing is durable-dirty yet).
-    pub fn forget_line(&mut self, volume: u16, line: u64) {
-        if let Some(&slot) = self.map.get(&line_key(volume, line)) {
-            self.maybe_durable_dirty[slot as usize] = false;
-            self.release(slot);
+    pub fn forget_line(&mut self, volume: u16, line: u64) -> Checked {
+        match self.map.get(&line_key(volume, line)) {
+            Some(&slot) => {
+                self.maybe_durable_dirty[slot as usize] = false;
+                self.release(slot)
+            }
+            None => Ok(()),
         }
     }
 
@@ -510,11 +567,11 @@ impl MapState {
     /// Restores a slot from a checkpoint or journal record (call `rebuild_free_list` after
     /// the last). Records for unknown volumes or lines past a volume's end are dropped by the
     /// caller before this.
-    pub fn restore(&mut self, slot: u32, rec: &LineRecord) {
+    pub fn restore(&mut self, slot: u32, rec: &LineRecord) -> Checked {
         let key = line_key(rec.volume, rec.backing_line);
         if rec.valid.is_empty() || self.map.contains_key(&key) || self.keys[slot as usize] != NO_KEY
         {
-            return;
+            return Ok(());
         }
         self.keys[slot as usize] = key;
         self.map.insert(key, slot);
@@ -528,11 +585,12 @@ impl MapState {
         for w in 0..4 {
             dirty.0[w] &= valid.0[w];
         }
-        self.store(slot, valid, dirty, 0);
+        self.store(slot, valid, dirty, 0)?;
         // Whatever was restored came from durable metadata.
         self.maybe_durable_dirty[slot as usize] = !dirty.is_empty();
         self.is_changed[slot as usize] = false;
         self.changed.retain(|&s| s != slot);
+        Ok(())
     }
 }
 

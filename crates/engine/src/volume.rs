@@ -8,6 +8,7 @@ use ssdcache_format::{CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
 use crate::admission::{Admission, NHitAdmission, StreamDetector};
 use crate::cache::CacheCore;
+use crate::commit::Backing;
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
 
@@ -118,7 +119,6 @@ pub struct Volume {
     state: AtomicU8,
     read_only: bool,
     size: u64,
-    backing: Arc<dyn BlockDevice>,
     core: Arc<CacheCore>,
     streams: Mutex<StreamDetector>,
     admission: Admission,
@@ -168,7 +168,6 @@ impl Volume {
         slot: &VolumeSlot,
         admission: Admission,
         index: usize,
-        backing: Arc<dyn BlockDevice>,
         core: Arc<CacheCore>,
     ) -> Volume {
         let lines = usize::try_from(core.layout.line_count).unwrap_or(usize::MAX);
@@ -181,7 +180,6 @@ impl Volume {
             state: AtomicU8::new(0),
             read_only: slot.read_only,
             size: slot.backing.size,
-            backing,
             core,
             streams: Mutex::new(StreamDetector::new(slot.sequential_cutoff)),
             admission,
@@ -211,8 +209,9 @@ impl Volume {
             _ => VolumeState::Healthy,
         }
     }
-    pub(crate) fn backing(&self) -> &Arc<dyn BlockDevice> {
-        &self.backing
+    /// The backing device, with its writes counted against its flushes (`commit.rs`).
+    pub(crate) fn backing(&self) -> &Backing {
+        &self.core.backings[self.index]
     }
     pub(crate) fn count_pub(&self, c: Counter, n: u64) {
         self.count(c, n);
@@ -311,7 +310,9 @@ impl Volume {
         }
     }
 
+    /// Refuses a request past the end or misaligned, and every request once the engine halted.
     fn check(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.check_running()?;
         if !offset.is_multiple_of(SECTOR_SIZE) || !length.is_multiple_of(SECTOR_SIZE) {
             return Err(EngineError::Misaligned { offset, length });
         }
@@ -364,7 +365,7 @@ impl Volume {
     fn backing_err(&self, source: std::io::Error) -> EngineError {
         self.count(Counter::BackingErrors, 1);
         EngineError::Backing {
-            device: self.backing.describe(),
+            device: self.backing().describe(),
             source,
         }
     }
@@ -410,7 +411,7 @@ impl Volume {
 
     fn read_backing(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.core.note_client_backing_io();
-        self.backing
+        self.backing()
             .read_at(buf, offset)
             .map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesFromBacking, buf.len() as u64);
@@ -419,8 +420,7 @@ impl Volume {
 
     fn write_backing(&self, data: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.core.note_client_backing_io();
-        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-        self.backing
+        self.backing()
             .write_at(data, offset)
             .map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesToBacking, data.len() as u64);
@@ -430,12 +430,9 @@ impl Volume {
         Ok(())
     }
 
+    /// Makes every write that returned from the backing device before this call durable.
     fn flush_backing(&self) -> Result<()> {
-        self.core.backing_unflushed[self.index].store(false, Ordering::Release);
-        self.backing.flush().map_err(|e| {
-            self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-            self.backing_err(e)
-        })
+        self.backing().flush().map_err(|e| self.backing_err(e))
     }
 
     fn slot_offset(&self, slot: u32, seg: &Segment) -> u64 {
@@ -568,8 +565,9 @@ impl Volume {
             self.cache_failed(std::io::Error::other(err.to_string()));
             return Err(err);
         }
-        map.invalidate_slot(slot, first, count);
+        let dropped = map.invalidate_slot(slot, first, count);
         drop(map);
+        dropped.map_err(|crate::map::Invariant(what)| self.core.halt(what))?;
         self.cache_failed(e);
         Ok(false)
     }
@@ -634,7 +632,7 @@ impl Volume {
             for seg in self.segments(first.offset, (end - start) as u64) {
                 if self.fills(fill, &seg) {
                     let at = start + seg.buf_at;
-                    self.fill(&seg, &buf[at..at + seg.len]);
+                    self.fill(&seg, &buf[at..at + seg.len])?;
                 }
             }
         }
@@ -656,7 +654,7 @@ impl Volume {
             }
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
-            self.fill(&whole, &scratch);
+            self.fill(&whole, &scratch)?;
             Ok::<bool, EngineError>(true)
         })?;
         if !filled {
@@ -686,53 +684,53 @@ impl Volume {
     /// already carry the cached sectors of the segment (a fill never changes dirty data). A
     /// cache error only drops the line: the backing device has the data. Returns whether the
     /// line was cached already.
-    fn fill(&self, seg: &Segment, data: &[u8]) -> bool {
-        let Some((slot, cached)) = self.slot_for(seg) else {
-            return false; // every line busy or dirty: skip caching this one
+    fn fill(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        let Some((slot, cached)) = self.slot_for(seg)? else {
+            return Ok(false); // every line busy or dirty: skip caching this one
         };
         match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
             Ok(()) => {
                 self.count(Counter::BytesToCache, seg.len as u64);
                 self.core
-                    .map()
-                    .set_clean_valid(slot, seg.first_sector, seg.sectors);
+                    .with_map(|m| m.set_clean_valid(slot, seg.first_sector, seg.sectors))?;
             }
             Err(e) => {
                 self.core
-                    .map()
-                    .invalidate_slot(slot, seg.first_sector, seg.sectors);
+                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
                 self.cache_failed(e);
             }
         }
-        cached
+        Ok(cached)
     }
 
     /// The slot caching a segment's line, allocated if needed, and whether the line was cached
     /// already; `None` when no slot can be freed.
-    fn slot_for(&self, seg: &Segment) -> Option<(u32, bool)> {
-        let mut map = self.core.map();
-        match map.lookup(self.id, seg.line) {
-            Some(hit) => Some((hit.slot, true)),
-            None => map
-                .allocate(self.id, seg.line, &self.core.locks)
-                .map(|slot| (slot, false)),
-        }
+    fn slot_for(&self, seg: &Segment) -> Result<Option<(u32, bool)>> {
+        self.core
+            .with_map(|map| match map.lookup(self.id, seg.line) {
+                Some(hit) => Ok(Some((hit.slot, true))),
+                None => Ok(map
+                    .allocate(self.id, seg.line, &self.core.locks)?
+                    .map(|slot| (slot, false))),
+            })
     }
 
-    fn invalidate(&self, offset: u64, length: u64) {
-        let mut map = self.core.map();
-        for seg in self.segments(offset, length) {
-            map.invalidate(self.id, seg.line, seg.first_sector, seg.sectors);
-        }
+    fn invalidate(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.with_map(|map| {
+            self.segments(offset, length).try_for_each(|seg| {
+                map.invalidate(self.id, seg.line, seg.first_sector, seg.sectors)
+            })
+        })
     }
 
     /// After a failed backing write of a range: clean cached copies no longer match the
     /// backing device and are dropped; dirty ones stay (they are newer than either).
-    fn invalidate_clean(&self, offset: u64, length: u64) {
-        let mut map = self.core.map();
-        for seg in self.segments(offset, length) {
-            map.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors);
-        }
+    fn invalidate_clean(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.with_map(|map| {
+            self.segments(offset, length).try_for_each(|seg| {
+                map.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
+            })
+        })
     }
 
     /// Writes `data` at `offset`; with `fua`, durable before returning.
@@ -787,7 +785,8 @@ impl Volume {
     /// durable: every flush fails while any of it is left, and the volume stops caching new
     /// writes (they go to the backing device) until the cleaner has written it all back.
     fn commit(&self) -> Result<()> {
-        if self.core.commit_failed.load(Ordering::Acquire) && self.has_dirty() {
+        // Cache-wide: the failed commit may have carried any volume's records.
+        if self.core.journal.failed() && self.core.map().total_dirty_lines() > 0 {
             return Err(EngineError::CacheDevice {
                 device: self.core.dev.describe(),
                 source: std::io::Error::other(
@@ -798,7 +797,7 @@ impl Volume {
         }
         match self.core.commit() {
             Ok(()) => {
-                self.core.commit_failed.store(false, Ordering::Release);
+                self.core.journal.clear_failed();
                 Ok(())
             }
             Err(e) => {
@@ -814,18 +813,17 @@ impl Volume {
     /// succeeded (dirty ones included: the new data supersedes them).
     fn write_around(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
-            self.invalidate_clean(offset, data.len() as u64);
+            self.invalidate_clean(offset, data.len() as u64)?;
             return Err(e);
         }
-        self.invalidate(offset, data.len() as u64);
-        Ok(())
+        self.invalidate(offset, data.len() as u64)
     }
 
     /// Backing first (the cache never holds the only copy), then the cache.
     fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
             // The backing contents of the range are now unknown: the cache must not claim them.
-            self.invalidate_clean(offset, data.len() as u64);
+            self.invalidate_clean(offset, data.len() as u64)?;
             return Err(e);
         }
         let mut hit = false;
@@ -833,7 +831,7 @@ impl Volume {
             // A line not admitted stays out of the cache: the write went around it (the line
             // has no cached copy to drop).
             if self.admits(&seg) {
-                hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
+                hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
             }
         }
         if hit {
@@ -855,7 +853,7 @@ impl Volume {
                 self.write_around(seg.offset, part, false)?;
                 continue;
             }
-            let Some((slot, cached)) = self.slot_for(&seg) else {
+            let Some((slot, cached)) = self.slot_for(&seg)? else {
                 self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
                 self.write_around(seg.offset, part, false)?;
                 continue;
@@ -865,8 +863,7 @@ impl Volume {
                 Ok(()) => {
                     self.count(Counter::BytesToCache, seg.len as u64);
                     self.core
-                        .map()
-                        .set_dirty(slot, seg.first_sector, seg.sectors, now);
+                        .with_map(|m| m.set_dirty(slot, seg.first_sector, seg.sectors, now))?;
                 }
                 Err(e) => {
                     // What the slot now holds for these sectors is unknown; the new data goes
@@ -874,8 +871,7 @@ impl Volume {
                     self.cache_failed(e);
                     self.write_backing(part, seg.offset, false)?;
                     self.core
-                        .map()
-                        .invalidate_slot(slot, seg.first_sector, seg.sectors);
+                        .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
                 }
             }
         }
@@ -892,6 +888,7 @@ impl Volume {
     /// Makes every completed write durable: the backing device flushed and, when the cache
     /// may hold dirty data, the journal committed.
     pub fn flush(&self) -> Result<()> {
+        self.core.check_running()?;
         self.count(Counter::Flushes, 1);
         self.flush_backing()?;
         if self.dirty_possible() {
@@ -930,12 +927,11 @@ impl Volume {
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         self.core.note_client_backing_io();
-        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-        if let Err(e) = on_backing(&*self.backing) {
-            self.invalidate_clean(offset, length);
+        if let Err(e) = self.backing().write_with(on_backing) {
+            self.invalidate_clean(offset, length)?;
             return Err(self.backing_err(e));
         }
-        self.invalidate(offset, length);
+        self.invalidate(offset, length)?;
         drop(held);
         if fua {
             self.flush()?;
