@@ -776,3 +776,60 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ssdcache_device::MemDevice;
+    use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
+
+    fn write_back_cache() -> (Arc<MemDevice>, Cache) {
+        let dev = Arc::new(MemDevice::new("cache", 16 << 20));
+        let backing = Arc::new(MemDevice::new("backing", 32 << 20));
+        let identity = BackingIdentity {
+            kind: BackingKind::File,
+            size: 32 << 20,
+            path: "mem".into(),
+            stable_id: "mem".into(),
+            st_dev: 0,
+            st_ino: 0,
+            st_rdev: 0,
+            btime_ns: 0,
+        };
+        let volume = NewVolume {
+            name: "v".into(),
+            mode: CacheMode::WriteBack,
+            backing: identity,
+            sequential_cutoff: 0,
+            policy: 0,
+            admission: Admission::Always,
+        };
+        let sb = format(&*dev, 64 << 10, volume).unwrap();
+        let (cache, _) = Cache::open(dev.clone(), sb, vec![backing]).unwrap();
+        (dev, cache)
+    }
+
+    /// A broken slot-reuse invariant stops the engine: the write that found it fails, every
+    /// later request and the checkpoint are refused, and the cache stays marked running so the
+    /// next start replays the journal (which still has the data flushed before).
+    #[test]
+    fn a_broken_invariant_halts_the_engine_and_leaves_the_journal_authoritative() {
+        let (dev, cache) = write_back_cache();
+        let vol = cache.volumes()[0].clone();
+        vol.write(0, &[7u8; 4096], true).unwrap();
+        cache.core.map().break_free_list_for_test();
+        let err = vol.write(1 << 20, &[8u8; 4096], false).unwrap_err();
+        assert!(matches!(err, EngineError::Halted(_)), "{err}");
+        assert!(cache.halted().is_some());
+        let mut buf = [0u8; 4096];
+        assert!(matches!(vol.read(0, &mut buf), Err(EngineError::Halted(_))));
+        assert!(matches!(vol.flush(), Err(EngineError::Halted(_))));
+        assert!(matches!(cache.commit(), Err(EngineError::Halted(_))));
+        assert!(
+            cache.shutdown().is_err(),
+            "no checkpoint of a state that failed a check"
+        );
+        let sb = read_superblock(&*dev).unwrap();
+        assert_eq!(sb.state, CacheState::Running);
+    }
+}

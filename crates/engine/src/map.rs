@@ -602,3 +602,57 @@ pub struct Occupancy {
     pub dirty_lines: u64,
     pub dirty_sectors: u64,
 }
+
+#[cfg(test)]
+impl MapState {
+    /// Puts a slot that the durable metadata may call dirty on the free list: the bug the
+    /// reuse check exists for.
+    pub(crate) fn break_free_list_for_test(&mut self) -> u32 {
+        let slot = self.free.pop().unwrap_or(0);
+        self.maybe_durable_dirty[slot as usize] = true;
+        self.free.push(slot);
+        slot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy;
+
+    fn map(lines: u32) -> MapState {
+        MapState::new(lines, 16, policy::by_id(0, lines).expect("lru"))
+    }
+
+    #[test]
+    fn a_possibly_durably_dirty_slot_is_never_handed_out() {
+        let mut m = map(64);
+        let locks = LineLocks::new();
+        let slot = m.break_free_list_for_test();
+        let err = m.allocate(0, 7, &locks).expect_err("reuse must be refused");
+        assert!(err.0.contains(&format!("slot {slot}")), "{err:?}");
+    }
+
+    #[test]
+    fn stores_into_free_slots_and_double_releases_are_refused() {
+        let mut m = map(64);
+        assert!(m.set_dirty(3, 0, 1, 0).is_err(), "store into a free slot");
+        let locks = LineLocks::new();
+        let slot = m.allocate(0, 1, &locks).unwrap().unwrap();
+        assert!(
+            m.set_dirty(slot, 15, 2, 0).is_err(),
+            "sectors past the line"
+        );
+        m.set_dirty(slot, 0, 1, 0).unwrap();
+        m.invalidate_slot(slot, 0, 1).unwrap();
+        assert!(m.release(slot).is_err(), "released twice");
+    }
+
+    #[test]
+    fn a_second_slot_for_a_mapped_line_is_refused() {
+        let mut m = map(64);
+        let locks = LineLocks::new();
+        m.allocate(0, 9, &locks).unwrap().unwrap();
+        assert!(m.allocate(0, 9, &locks).is_err());
+    }
+}
