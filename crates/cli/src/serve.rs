@@ -315,6 +315,7 @@ fn errno(e: EngineError) -> Errno {
         EngineError::Backing { .. }
         | EngineError::CacheDevice { .. }
         | EngineError::Format(_)
+        | EngineError::DataDamaged(_)
         | EngineError::Invariant(_)
         | EngineError::Halted(_) => Errno::Io,
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::layout::SUPERBLOCK_COPY_SIZE;
 use ssdcache_format::{
-    BackingIdentity, CacheMode, CacheState, Layout, LineRecord, MetaPage, Superblock,
+    sector_crc, BackingIdentity, CacheMode, CacheState, Layout, LineRecord, MetaPage, Superblock,
     VolumeCounters, VolumeSlot, FORMAT_VERSION, SECTOR_SIZE,
 };
 
@@ -120,6 +120,21 @@ impl CacheCore {
         self.clock.elapsed().saturating_sub(last)
     }
 
+    /// Settles a sector read from `slot` whose data does not match its checksum. After an
+    /// unclean stop the data may be a write newer than the last commit (the contract lets it
+    /// survive), so it is accepted, unless it reads as zeroes: that is what a lost, truncated or
+    /// discarded region returns. Otherwise the sector is damaged (and, if dirty, marked so the
+    /// cleaner never writes it back).
+    pub fn settle_mismatch(&self, slot: u32, sector: usize, data: &[u8]) -> Mismatch {
+        let mut map = self.map();
+        if map.is_unverified(slot, sector) && data.iter().any(|&b| b != 0) {
+            map.accept_newer_data(slot, sector, sector_crc(data));
+            return Mismatch::NewerWrite;
+        }
+        map.mark_damaged(slot, sector);
+        Mismatch::Damaged
+    }
+
     /// Makes every write that returned from a backing device before this call durable.
     pub fn flush_backings(&self) -> Result<()> {
         for backing in &self.backings {
@@ -202,6 +217,15 @@ impl CacheCore {
         *self.sb() = sb;
         Ok(())
     }
+}
+
+/// What a checksum mismatch turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mismatch {
+    /// Data written after the last commit before an unclean stop: kept.
+    NewerWrite,
+    /// The cache lost or damaged the sector.
+    Damaged,
 }
 
 /// A new volume to record at create.
@@ -425,7 +449,7 @@ fn apply_journal(sb: &Superblock, map: &mut MapState, records: &[(u32, LineRecor
             continue;
         }
         map.forget_line(rec.volume, rec.backing_line)
-            .and_then(|()| map.restore(*slot, rec))
+            .and_then(|()| map.restore(*slot, rec, true))
             .map_err(metadata_inconsistent)?;
     }
     map.rebuild_free_list();
@@ -718,7 +742,7 @@ fn load_checkpoint(
             for (j, rec) in records.iter().enumerate() {
                 let slot = first + j as u64;
                 if slot < layout.line_count && record_fits(sb, rec) {
-                    map.restore(slot as u32, rec)
+                    map.restore(slot as u32, rec, false)
                         .map_err(metadata_inconsistent)?;
                 }
             }

@@ -14,6 +14,9 @@ pub enum EngineError {
     ReadOnly(String),
     #[error("{0}")]
     Format(String),
+    /// Dirty data in the cache fails its checksum or cannot be read; the message names it.
+    #[error("{0}")]
+    DataDamaged(String),
     /// A check that guards user data failed (a slot about to be reused while the durable
     /// metadata may still name it, a journal commit that would overwrite live blocks...). The
     /// engine stops at once rather than write on.

@@ -67,7 +67,7 @@ pub fn write_commit(
             .iter()
             .map(|(slot, record)| JournalEntry {
                 slot: u64::from(*slot),
-                record: *record,
+                record: record.clone(),
             })
             .collect();
         let head = BlockHeader {

@@ -18,6 +18,6 @@ pub use cache::{
     format, offline_stats, read_superblock, write_superblock, Cache, NewVolume, OpenReport,
     RecoveryReport,
 };
-pub use cleaner::{BatchReport, CleanerConfig, Select};
+pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
 pub use error::{EngineError, Result};
 pub use volume::{Volume, VolumeState, VolumeStats, CACHE_ERROR_LIMIT};

@@ -48,6 +48,19 @@ pub struct MapState {
     dirty: Vec<u64>,
     words_per_line: usize,
     sectors_per_line: usize,
+    /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid.
+    crcs: Vec<u32>,
+    /// Sectors restored from the journal after an unclean stop: their checksum is the one the
+    /// last commit recorded, and a write made after that commit (not yet flushed, so allowed
+    /// to be lost or kept) may have replaced the data in place. The first read of such a
+    /// sector that does not match accepts the data as that newer write unless it reads as
+    /// zeroes (what a lost or truncated region returns). Sparse: only recovered slots.
+    unverified: HashMap<u32, SectorBitmap>,
+    /// Dirty sectors whose data failed its checksum (the cache lost or damaged them): the
+    /// cleaner leaves them alone (writing them back would put garbage on the backing device),
+    /// reads of them fail, and `Cache::verify_dirty` names them. A sector leaves the set when
+    /// it is rewritten, dropped or made clean. Sparse.
+    damaged: HashMap<u32, SectorBitmap>,
     /// Bumped whenever a slot's sectors or owner change, so the cleaner can tell whether a line
     /// it wrote back was written again meanwhile.
     epoch: Vec<u32>,
@@ -104,6 +117,9 @@ impl MapState {
             dirty: vec![0; n * words_per_line],
             words_per_line,
             sectors_per_line,
+            crcs: vec![0; n * sectors_per_line],
+            unverified: HashMap::new(),
+            damaged: HashMap::new(),
             epoch: vec![0; n],
             dirty_since: vec![0; n],
             dirty_index: BTreeMap::new(),
@@ -170,6 +186,14 @@ impl MapState {
                     self.lines_dirty[vol] -= 1;
                 }
                 _ => {}
+            }
+        }
+        if let Some(damaged) = self.damaged.get_mut(&slot) {
+            for w in 0..4 {
+                damaged.0[w] &= dirty.0[w];
+            }
+            if damaged.is_empty() {
+                self.damaged.remove(&slot);
             }
         }
         if valid.is_empty() {
@@ -268,6 +292,8 @@ impl MapState {
         let at = slot as usize * wpl;
         self.valid[at..at + wpl].fill(0);
         self.dirty[at..at + wpl].fill(0);
+        self.unverified.remove(&slot);
+        self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
         if self.maybe_durable_dirty[slot as usize] {
@@ -281,16 +307,24 @@ impl MapState {
 
     /// Marks sectors valid with data equal to the backing device's (a fill). Sectors already
     /// dirty stay dirty: a fill only ever rewrites them with the same cached data.
-    pub fn set_clean_valid(&mut self, slot: u32, first: usize, count: usize) -> Checked {
+    /// `crcs` holds the checksum of each of the `count` sectors' data; dirty sectors keep
+    /// theirs (a fill rewrites them with the same cached data).
+    pub fn set_clean_valid(&mut self, slot: u32, first: usize, crcs: &[u32]) -> Checked {
+        let count = crcs.len();
         self.check_sectors(slot, first, count)?;
         if self.keys[slot as usize] == NO_KEY {
             return Ok(());
         }
-        let mut valid = self.valid_bits(slot);
-        for s in first..first + count {
+        let (mut valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        let base = slot as usize * self.sectors_per_line;
+        for (i, &crc) in crcs.iter().enumerate() {
+            let s = first + i;
+            if !dirty.get(s) {
+                self.crcs[base + s] = crc;
+            }
             valid.set(s, true);
         }
-        self.store(slot, valid, self.dirty_bits(slot), 0)
+        self.store(slot, valid, dirty, 0)
     }
 
     fn check_sectors(&self, slot: u32, first: usize, count: usize) -> Checked {
@@ -304,14 +338,73 @@ impl MapState {
     }
 
     /// Marks sectors valid and dirty: the cache now holds data the backing device lacks.
-    pub fn set_dirty(&mut self, slot: u32, first: usize, count: usize, now: u32) -> Checked {
+    /// `crcs` holds the checksum of each of the sectors' new data.
+    pub fn set_dirty(&mut self, slot: u32, first: usize, crcs: &[u32], now: u32) -> Checked {
+        let count = crcs.len();
         self.check_sectors(slot, first, count)?;
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             valid.set(s, true);
             dirty.set(s, true);
         }
-        self.store(slot, valid, dirty, now)
+        self.store(slot, valid, dirty, now)?;
+        let base = slot as usize * self.sectors_per_line;
+        self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        for set in [&mut self.unverified, &mut self.damaged] {
+            if let Some(bits) = set.get_mut(&slot) {
+                for s in first..first + count {
+                    bits.set(s, false);
+                }
+            }
+        }
+        // A rewritten sector's checksum changes the record even when its dirty bit does not:
+        // the next commit must carry it, or a FLUSH would leave the old checksum durable.
+        self.note_changed(slot);
+        Ok(())
+    }
+
+    /// The checksums of `out.len()` sectors of a slot from `first`.
+    pub fn sector_crcs(&self, slot: u32, first: usize, out: &mut [u32]) {
+        let at = slot as usize * self.sectors_per_line + first;
+        out.copy_from_slice(&self.crcs[at..at + out.len()]);
+    }
+
+    /// Whether a sector's checksum came from the journal after an unclean stop and was not
+    /// confirmed since (see `unverified`).
+    pub fn is_unverified(&self, slot: u32, sector: usize) -> bool {
+        self.unverified.get(&slot).is_some_and(|b| b.get(sector))
+    }
+
+    /// Marks a dirty sector whose data failed its checksum (see `damaged`).
+    pub fn mark_damaged(&mut self, slot: u32, sector: usize) {
+        if self.dirty_bits(slot).get(sector) {
+            self.damaged.entry(slot).or_default().set(sector, true);
+        }
+    }
+
+    /// The damaged dirty sectors of a slot.
+    pub fn damaged_of(&self, slot: u32) -> SectorBitmap {
+        self.damaged.get(&slot).copied().unwrap_or_default()
+    }
+
+    /// Every slot with damaged dirty sectors.
+    pub fn damaged_slots(&self) -> Vec<(u32, LineKey, SectorBitmap)> {
+        self.damaged
+            .iter()
+            .map(|(&slot, &bits)| (slot, self.keys[slot as usize], bits))
+            .collect()
+    }
+
+    /// Accepts `crc` as an unverified sector's checksum: its data is a write newer than the
+    /// last commit. The next commit records it.
+    pub fn accept_newer_data(&mut self, slot: u32, sector: usize, crc: u32) {
+        if let Some(unverified) = self.unverified.get_mut(&slot) {
+            if unverified.get(sector) {
+                unverified.set(sector, false);
+                self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
+                self.note_changed(slot);
+            }
+        }
     }
 
     /// Drops sectors of a slot (valid and dirty); frees it when nothing valid remains.
@@ -401,10 +494,19 @@ impl MapState {
             .take(scan);
         let mut out = Vec::new();
         for (&key, &slot) in entries {
+            // Damaged sectors are never written back.
+            let mut dirty = self.dirty_bits(slot);
+            let damaged = self.damaged_of(slot);
+            for w in 0..4 {
+                dirty.0[w] &= !damaged.0[w];
+            }
+            if dirty.is_empty() {
+                continue;
+            }
             let line = DirtyLine {
                 slot,
                 key,
-                dirty: self.dirty_bits(slot),
+                dirty,
                 epoch: self.epoch[slot as usize],
                 since: self.dirty_since[slot as usize],
             };
@@ -450,12 +552,17 @@ impl MapState {
         if key == NO_KEY {
             return LineRecord::FREE;
         }
+        let valid = self.valid_bits(slot);
+        let base = slot as usize * self.sectors_per_line;
         LineRecord {
             volume: volume_of(key),
             flags: 0,
             backing_line: line_of(key),
-            valid: self.valid_bits(slot),
+            valid,
             dirty: self.dirty_bits(slot),
+            crcs: (0..self.sectors_per_line)
+                .map(|s| if valid.get(s) { self.crcs[base + s] } else { 0 })
+                .collect(),
         }
     }
 
@@ -472,6 +579,11 @@ impl MapState {
             return LineRecord::FREE;
         }
         rec.valid = rec.dirty;
+        for (s, crc) in rec.crcs.iter_mut().enumerate() {
+            if !rec.dirty.get(s) {
+                *crc = 0;
+            }
+        }
         rec
     }
 
@@ -567,7 +679,8 @@ impl MapState {
     /// Restores a slot from a checkpoint or journal record (call `rebuild_free_list` after
     /// the last). Records for unknown volumes or lines past a volume's end are dropped by the
     /// caller before this.
-    pub fn restore(&mut self, slot: u32, rec: &LineRecord) -> Checked {
+    /// `unverified`: the record comes from the journal after an unclean stop (see the field).
+    pub fn restore(&mut self, slot: u32, rec: &LineRecord, unverified: bool) -> Checked {
         let key = line_key(rec.volume, rec.backing_line);
         if rec.valid.is_empty() || self.map.contains_key(&key) || self.keys[slot as usize] != NO_KEY
         {
@@ -584,6 +697,13 @@ impl MapState {
         }
         for w in 0..4 {
             dirty.0[w] &= valid.0[w];
+        }
+        let base = slot as usize * self.sectors_per_line;
+        for s in 0..self.sectors_per_line {
+            self.crcs[base + s] = rec.crc(s);
+        }
+        if unverified && !dirty.is_empty() {
+            self.unverified.insert(slot, dirty);
         }
         self.store(slot, valid, dirty, 0)?;
         // Whatever was restored came from durable metadata.
@@ -636,14 +756,17 @@ mod tests {
     #[test]
     fn stores_into_free_slots_and_double_releases_are_refused() {
         let mut m = map(64);
-        assert!(m.set_dirty(3, 0, 1, 0).is_err(), "store into a free slot");
+        assert!(
+            m.set_dirty(3, 0, &[1], 0).is_err(),
+            "store into a free slot"
+        );
         let locks = LineLocks::new();
         let slot = m.allocate(0, 1, &locks).unwrap().unwrap();
         assert!(
-            m.set_dirty(slot, 15, 2, 0).is_err(),
+            m.set_dirty(slot, 15, &[1, 2], 0).is_err(),
             "sectors past the line"
         );
-        m.set_dirty(slot, 0, 1, 0).unwrap();
+        m.set_dirty(slot, 0, &[1], 0).unwrap();
         m.invalidate_slot(slot, 0, 1).unwrap();
         assert!(m.release(slot).is_err(), "released twice");
     }

@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
-use ssdcache_format::{CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
+use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
 use crate::admission::{Admission, NHitAdmission, StreamDetector};
-use crate::cache::CacheCore;
+use crate::cache::{CacheCore, Mismatch};
 use crate::commit::Backing;
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
@@ -44,11 +44,18 @@ pub enum Counter {
     /// Bytes of missed lines that admission kept out of the cache (served from or written to
     /// the backing device only).
     BytesNotAdmitted,
+    /// Sectors read from the cache whose data did not match its checksum (a damaged or lost
+    /// cache region): clean ones were dropped and read from the backing device, dirty ones
+    /// refused.
+    ChecksumErrors,
 }
 
 thread_local! {
     /// One line of scratch space per thread for whole-line fills (no allocation per miss).
     static LINE_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
+    /// Cached sectors being checked before they are laid over a backing read (a fill's line
+    /// scratch may be in use further up the stack).
+    static OVERLAY_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
 }
 
 /// The part of a request that falls in one cache line.
@@ -533,16 +540,62 @@ impl Volume {
     /// clean data drops it and reports a miss, so the backing device serves it; on dirty data
     /// it is an error (the backing device's copy is stale).
     fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
-        let Some(slot) = Self::cached_slot(&mut self.core.map(), self.id, seg) else {
-            return Ok(false);
+        let mut crcs = [0u32; MAX_SECTORS];
+        let crcs = &mut crcs[..seg.sectors];
+        let slot = {
+            let mut map = self.core.map();
+            let Some(slot) = Self::cached_slot(&mut map, self.id, seg) else {
+                return Ok(false);
+            };
+            map.sector_crcs(slot, seg.first_sector, crcs);
+            slot
         };
-        match self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
-            Ok(()) => {
-                self.count(Counter::BytesFromCache, seg.len as u64);
-                Ok(true)
-            }
-            Err(e) => self.cache_read_failed(slot, seg.first_sector, seg.sectors, e),
+        if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
+            return self.cache_read_failed(slot, seg.first_sector, seg.sectors, e);
         }
+        if !self.verify_cached(slot, seg.line, seg.first_sector, buf, crcs)? {
+            return Ok(false);
+        }
+        self.count(Counter::BytesFromCache, seg.len as u64);
+        Ok(true)
+    }
+
+    /// Checks sectors read from `slot` (sector `first` onwards, of `line`) against their
+    /// checksums. A sector that fails (and is not a newer write kept after an unclean stop:
+    /// `CacheCore::settle_mismatch`) is handled as a cache read error of that sector: a clean
+    /// one is dropped and `Ok(false)` says to read it from the backing device; a dirty one
+    /// fails the read, since the backing device's copy is older.
+    fn verify_cached(
+        &self,
+        slot: u32,
+        line: u64,
+        first: usize,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<bool> {
+        for (i, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
+            if sector_crc(sector) == crcs[i] {
+                continue;
+            }
+            let s = first + i;
+            if self.core.settle_mismatch(slot, s, sector) == Mismatch::NewerWrite {
+                continue;
+            }
+            self.count(Counter::ChecksumErrors, 1);
+            let at = line * self.core.layout.line_size + s as u64 * SECTOR_SIZE;
+            let err = std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "cached data of volume '{}' bytes [{at}, +{SECTOR_SIZE}) does not match its \
+                     checksum (a lost, zeroed or damaged cache region)",
+                    self.name
+                ),
+            );
+            if !self.cache_read_failed(slot, s, 1, err)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// After a failed cache read of sectors of `slot`: clean ones are dropped (the backing
@@ -575,9 +628,15 @@ impl Volume {
     /// Lays the cached sectors of a range over `buf`, which holds the backing device's data:
     /// cached sectors may be dirty (newer than the backing device).
     fn overlay_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut crcs = [0u32; MAX_SECTORS];
         for seg in self.segments(offset, buf.len() as u64) {
-            let Some(hit) = self.core.map().peek(self.id, seg.line) else {
-                continue;
+            let hit = {
+                let map = self.core.map();
+                let Some(hit) = map.peek(self.id, seg.line) else {
+                    continue;
+                };
+                map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
+                hit
             };
             let end = seg.first_sector + seg.sectors;
             let mut s = seg.first_sector;
@@ -588,20 +647,46 @@ impl Volume {
                 }
                 let run_end = (s..end).find(|&t| !hit.valid.get(t)).unwrap_or(end);
                 let at = seg.buf_at + (s - seg.first_sector) * SECTOR_SIZE as usize;
-                let len = (run_end - s) * SECTOR_SIZE as usize;
-                let from =
-                    self.core.layout.slot_offset(u64::from(hit.slot)) + s as u64 * SECTOR_SIZE;
-                match self.core.dev.read_at(&mut buf[at..at + len], from) {
-                    Ok(()) => self.count(Counter::BytesFromCache, len as u64),
-                    Err(e) => {
-                        // Clean sectors are already right in `buf` (read from the backing device).
-                        self.cache_read_failed(hit.slot, s, run_end - s, e)?;
-                    }
-                }
+                let run = &mut buf[at..at + (run_end - s) * SECTOR_SIZE as usize];
+                self.overlay_run(&seg, hit.slot, s, run, &crcs[s - seg.first_sector..])?;
                 s = run_end;
             }
         }
         Ok(())
+    }
+
+    /// Reads cached sectors `first..` of `slot` over `run` (which holds the backing device's
+    /// copy), checked against `crcs`. A clean sector the cache cannot give back is dropped and
+    /// read again from the backing device; a dirty one fails the read.
+    fn overlay_run(
+        &self,
+        seg: &Segment,
+        slot: u32,
+        first: usize,
+        run: &mut [u8],
+        crcs: &[u32],
+    ) -> Result<()> {
+        OVERLAY_SCRATCH.with(|scratch| {
+            let mut cached = scratch.borrow_mut();
+            cached.resize_discarding(run.len());
+            let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
+            if let Err(e) = self.core.dev.read_at(&mut cached, from) {
+                // `run` still holds the backing device's copy, right for clean sectors.
+                self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
+                return Ok(());
+            }
+            let sectors = run
+                .chunks_mut(SECTOR_SIZE as usize)
+                .zip(cached.chunks(SECTOR_SIZE as usize));
+            for (i, (out, sector)) in sectors.enumerate() {
+                // A clean sector that fails is dropped: the backing copy in `out` stays.
+                if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
+                    out.copy_from_slice(sector);
+                    self.count(Counter::BytesFromCache, SECTOR_SIZE);
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
@@ -691,8 +776,10 @@ impl Volume {
         match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
             Ok(()) => {
                 self.count(Counter::BytesToCache, seg.len as u64);
+                let mut crcs = [0u32; MAX_SECTORS];
+                let crcs = sector_crcs(data, &mut crcs);
                 self.core
-                    .with_map(|m| m.set_clean_valid(slot, seg.first_sector, seg.sectors))?;
+                    .with_map(|m| m.set_clean_valid(slot, seg.first_sector, crcs))?;
             }
             Err(e) => {
                 self.core
@@ -862,8 +949,10 @@ impl Volume {
             match self.core.dev.write_at(part, self.slot_offset(slot, &seg)) {
                 Ok(()) => {
                     self.count(Counter::BytesToCache, seg.len as u64);
+                    let mut crcs = [0u32; MAX_SECTORS];
+                    let crcs = sector_crcs(part, &mut crcs);
                     self.core
-                        .with_map(|m| m.set_dirty(slot, seg.first_sector, seg.sectors, now))?;
+                        .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
                 }
                 Err(e) => {
                     // What the slot now holds for these sectors is unknown; the new data goes
@@ -965,3 +1054,15 @@ impl Volume {
 
 /// Changed line records that make a write-back writer commit on its own.
 const COMMIT_BATCH: usize = 4096;
+
+/// Sectors in the largest line (1 MiB), for per-segment arrays on the stack.
+const MAX_SECTORS: usize = (ssdcache_format::MAX_LINE_SIZE / SECTOR_SIZE) as usize;
+
+/// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
+pub(crate) fn sector_crcs<'a>(data: &[u8], out: &'a mut [u32; MAX_SECTORS]) -> &'a [u32] {
+    let n = data.len() / SECTOR_SIZE as usize;
+    for (crc, sector) in out.iter_mut().zip(data.chunks(SECTOR_SIZE as usize)) {
+        *crc = sector_crc(sector);
+    }
+    &out[..n]
+}
