@@ -139,12 +139,15 @@ impl Layout {
             .line_count
             .checked_mul(self.line_size)
             .and_then(|d| d.checked_add(self.data_offset));
+        // Checked sums: the fields come from disk, and a wrapped sum would pass the checks.
+        let meta_end = self.meta_offset.checked_add(self.meta_len);
+        let journal_end = self.journal_offset.checked_add(self.journal_len);
         lines_ok
             && self.line_count <= MAX_LINE_COUNT
             && self.meta_offset >= 2 * SUPERBLOCK_COPY_SIZE
             && self.meta_len >= self.meta_pages() * SECTOR_SIZE
-            && self.journal_offset >= self.meta_offset + self.meta_len
-            && self.data_offset >= self.journal_offset + self.journal_len
+            && meta_end.is_some_and(|end| self.journal_offset >= end)
+            && journal_end.is_some_and(|end| self.data_offset >= end)
             && data_end.is_some_and(|end| end <= self.cache_size)
     }
 }
@@ -171,6 +174,28 @@ mod tests {
                 assert!(l.journal_blocks() >= 2 * l.compaction_blocks() + 256);
             }
         }
+    }
+
+    /// Found by the format_superblock fuzz target: region ends that overflow u64 panicked in
+    /// debug builds and, wrapped in release builds, let overlapping regions through.
+    #[test]
+    fn overflowing_region_ends_are_inconsistent() {
+        let good = Layout::compute(64 << 20, 65536).expect("layout");
+        assert!(good.is_consistent());
+        let meta_wraps = Layout {
+            meta_offset: u64::MAX - 4095,
+            meta_len: 8192,
+            journal_offset: 1 << 20,
+            ..good
+        };
+        assert!(!meta_wraps.is_consistent());
+        let journal_wraps = Layout {
+            journal_offset: u64::MAX - 4095,
+            journal_len: 8192,
+            data_offset: 1 << 20,
+            ..good
+        };
+        assert!(!journal_wraps.is_consistent());
     }
 
     #[test]

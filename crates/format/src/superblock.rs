@@ -524,6 +524,24 @@ mod tests {
         assert!(err.to_string().contains("flush"), "{err}");
     }
 
+    /// Found by the format_superblock fuzz target: a copy with a right checksum whose journal
+    /// region ends beyond 2^64 made decode panic (debug) or accept it (release).
+    #[test]
+    fn rejects_a_layout_whose_region_end_overflows() {
+        let mut sb = sample();
+        sb.layout.journal_offset = u64::MAX - 4095;
+        sb.layout.journal_len = 8192;
+        sb.layout.data_offset = 2 << 20;
+        let buf = sb.encode().expect("encode");
+        assert!(matches!(
+            Superblock::decode(&buf),
+            Err(SuperblockError::BadField {
+                field: "layout",
+                ..
+            })
+        ));
+    }
+
     #[test]
     fn rejects_newer_version() {
         let mut sb = sample();
