@@ -1,0 +1,4 @@
+//! See docs/fuzzing.md and `ssdcache_fuzz::sim_trace` for what this target checks.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ssdcache_fuzz::sim_trace::check(data));
