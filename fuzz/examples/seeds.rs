@@ -15,9 +15,12 @@ use std::path::{Path, PathBuf};
 use ssdcache_fuzz::*;
 use ssdcache_sim::trace::{from_reader, Format, OpenOptions};
 
+/// A target's name, its seeds, and its check.
+type Target = (&'static str, Vec<Vec<u8>>, fn(&[u8]));
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
-    let targets: [(&str, Vec<Vec<u8>>, fn(&[u8])); 8] = [
+    let targets: [Target; 8] = [
         (
             "format_superblock",
             format_superblock::seeds(),

@@ -123,7 +123,7 @@ fn volume(id: u16, longest_names: bool) -> VolumeSlot {
         ][usize::from(id) % 4],
         read_only: id % 2 == 1,
         backing: BackingIdentity {
-            kind: if id % 2 == 0 {
+            kind: if id.is_multiple_of(2) {
                 BackingKind::BlockDevice
             } else {
                 BackingKind::File

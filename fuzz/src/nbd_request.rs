@@ -115,7 +115,7 @@ fn check_accepted(header: &RequestHeader, export: &ExportInfo, max_payload: u32)
     }
     let block = u64::from(export.min_block);
     assert!(
-        header.offset % block == 0 && u64::from(header.length) % block == 0,
+        header.offset.is_multiple_of(block) && u64::from(header.length).is_multiple_of(block),
         "{header:?} misaligned"
     );
     let end = header.offset.checked_add(u64::from(header.length));
