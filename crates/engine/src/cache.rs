@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
-use ssdcache_format::layout::SUPERBLOCK_COPY_SIZE;
 use ssdcache_format::{
     BackingIdentity, CacheMode, CacheState, Layout, LineRecord, MetaPage, Superblock,
     VolumeCounters, VolumeSlot, FORMAT_VERSION, SECTOR_SIZE,
@@ -18,6 +17,7 @@ use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
 use crate::map::MapState;
 use crate::policy;
+use crate::superblock::write_superblock;
 use crate::volume::Volume;
 
 /// Metadata pages are read and written this many at a time (1 MiB).
@@ -202,54 +202,6 @@ fn now_unix() -> u64 {
 
 fn format_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Format(e.to_string())
-}
-
-/// Writes both superblock copies, each made durable before the next is touched, so a crash
-/// leaves at least one valid copy (the old or the new).
-pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
-    let bytes = sb.encode().map_err(format_err)?;
-    let mut buf = AlignedBuf::zeroed(bytes.len());
-    buf.copy_from_slice(&bytes);
-    let io = |e| EngineError::CacheDevice {
-        device: dev.describe(),
-        source: e,
-    };
-    for copy in 0..2 {
-        dev.write_at(&buf, copy * SUPERBLOCK_COPY_SIZE)
-            .map_err(io)?;
-        dev.flush().map_err(io)?;
-    }
-    Ok(())
-}
-
-/// Reads the newest valid superblock copy.
-pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
-    let mut buf = AlignedBuf::zeroed(2 * SUPERBLOCK_COPY_SIZE as usize);
-    dev.read_at(&mut buf, 0)
-        .map_err(|e| EngineError::CacheDevice {
-            device: dev.describe(),
-            source: e,
-        })?;
-    let (a, b) = buf.split_at(SUPERBLOCK_COPY_SIZE as usize);
-    let sb = Superblock::choose(a, b).map_err(|e| {
-        EngineError::Format(format!(
-            "{}: no valid ssdcache superblock in either copy ({e}); if this is the right device, \
-             it is damaged: re-create the cache with `ssdcache create --force` (write-through and \
-             write-around caches hold no data the backing device lacks)",
-            dev.describe()
-        ))
-    })?;
-    if sb.layout.cache_size > dev.size() {
-        return Err(EngineError::Format(format!(
-            "{} is {} bytes but its superblock describes a cache of {} bytes: the device was \
-             truncated or is not the one that was formatted; restore it, or re-create the cache \
-             with `ssdcache create --force`",
-            dev.describe(),
-            dev.size(),
-            sb.layout.cache_size
-        )));
-    }
-    Ok(sb)
 }
 
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.
