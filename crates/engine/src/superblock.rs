@@ -80,10 +80,9 @@ impl fmt::Display for CopyProblem {
                 write!(f, "truncated: the device ends at byte {device_size}")
             }
             CopyProblem::Invalid(SuperblockError::NoMagic) => f.write_str("no superblock magic"),
-            CopyProblem::Invalid(SuperblockError::BadChecksum { stored, computed }) => write!(
-                f,
-                "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
-            ),
+            CopyProblem::Invalid(SuperblockError::BadChecksum { .. }) => {
+                f.write_str("checksum mismatch")
+            }
             CopyProblem::Invalid(SuperblockError::NewerVersion(v)) => write!(
                 f,
                 "format version {v} or feature bits this ssdcache does not know (written by a \
@@ -136,10 +135,14 @@ pub enum Copies {
 pub enum NotUsable {
     /// Smaller than any cache.
     TooSmall { size: u64 },
-    /// Neither copy carries the ssdcache magic.
+    /// Neither copy carries the ssdcache magic, and no metadata is where a cache keeps it.
     NotACache { a: CopyProblem, b: CopyProblem },
-    /// At least one copy carries the magic but neither is valid.
-    BothCopiesDamaged { a: CopyProblem, b: CopyProblem },
+    /// Neither copy is valid, but a copy carries the magic or `traces` (of metadata) were found.
+    BothCopiesDamaged {
+        a: CopyProblem,
+        b: CopyProblem,
+        traces: Vec<String>,
+    },
     /// Smaller than the cache its superblock describes.
     Truncated { size: u64, recorded: u64 },
 }
@@ -149,31 +152,44 @@ impl fmt::Display for NotUsable {
         match self {
             NotUsable::TooSmall { size } => write!(
                 f,
-                "not an ssdcache cache (too small: {size} bytes; a cache is at least \
+                "is not an ssdcache cache (too small: {size} bytes; a cache is at least \
                  {MIN_CACHE_SIZE} bytes)"
             ),
             NotUsable::NotACache { a, b } if a == b => {
-                write!(f, "not an ssdcache cache ({a} in either superblock copy)")
+                write!(
+                    f,
+                    "is not an ssdcache cache ({a} in either superblock copy)"
+                )
             }
             NotUsable::NotACache { a, b } => {
-                write!(f, "not an ssdcache cache (copy A: {a}; copy B: {b})")
+                write!(f, "is not an ssdcache cache (copy A: {a}; copy B: {b})")
             }
-            NotUsable::BothCopiesDamaged { a, b } => write!(
+            NotUsable::BothCopiesDamaged { a, b, traces } => write!(
                 f,
-                "both superblock copies of this ssdcache cache are damaged (copy A: {a}; \
-                 copy B: {b}); it cannot be opened. Its dirty write-back data, if it held any, \
-                 cannot be located; if the backing devices hold all data (write-through, \
+                "is an ssdcache cache whose two superblock copies are both damaged (copy A: \
+                 {a}; copy B: {b}{}); it cannot be opened. Its dirty write-back data, if it held \
+                 any, cannot be located; if the backing devices hold all data (write-through, \
                  write-around, or nothing dirty), re-create it with `ssdcache create \
-                 --discard-dirty-data`"
+                 --discard-dirty-data`",
+                found_text(traces)
             ),
             NotUsable::Truncated { size, recorded } => write!(
                 f,
-                "the device is {size} bytes but its superblock describes a cache of {recorded} \
-                 bytes: it was truncated or is not the device that was formatted; restore its \
+                "is {size} bytes but its superblock describes a cache of {recorded} bytes: \
+                 it was truncated or is not the device that was formatted; restore its \
                  size or contents (`ssdcache create` refuses to overwrite it while it may hold \
                  dirty data)"
             ),
         }
+    }
+}
+
+/// "; found: ..." for a message, or nothing.
+pub fn found_text(traces: &[String]) -> String {
+    if traces.is_empty() {
+        String::new()
+    } else {
+        format!("; found: {}", traces.join(", "))
     }
 }
 
@@ -223,7 +239,7 @@ fn valid(superblock: Superblock, copy: SuperblockCopy, other: Option<CopyProblem
 /// Reads the superblock of a cache, refusing a device that is not one, is damaged in both
 /// copies, or is smaller than the cache it describes. The caller reports `damaged`.
 pub fn read_superblock_copies(dev: &dyn BlockDevice) -> Result<SuperblockRead> {
-    let unusable = |why: NotUsable| EngineError::Format(format!("{}: {why}", dev.describe()));
+    let unusable = |why: NotUsable| EngineError::Format(format!("{} {why}", dev.describe()));
     if dev.size() < MIN_CACHE_SIZE {
         // A device this small was never formatted as a cache (create refuses it); one that
         // shrank to this is reported as truncated if its superblock says so.
@@ -236,10 +252,14 @@ pub fn read_superblock_copies(dev: &dyn BlockDevice) -> Result<SuperblockRead> {
         return Err(unusable(NotUsable::TooSmall { size: dev.size() }));
     }
     match read_copies(dev)? {
-        Copies::Invalid { a, b } if a.has_magic() || b.has_magic() => {
-            Err(unusable(NotUsable::BothCopiesDamaged { a, b }))
+        Copies::Invalid { a, b } => {
+            let traces = traces_of_cache(dev);
+            if a.has_magic() || b.has_magic() || !traces.is_empty() {
+                Err(unusable(NotUsable::BothCopiesDamaged { a, b, traces }))
+            } else {
+                Err(unusable(NotUsable::NotACache { a, b }))
+            }
         }
-        Copies::Invalid { a, b } => Err(unusable(NotUsable::NotACache { a, b })),
         Copies::Valid(r) if r.superblock.layout.cache_size > dev.size() => {
             Err(unusable(NotUsable::Truncated {
                 size: dev.size(),
@@ -295,19 +315,13 @@ pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     Ok(())
 }
 
-/// Signs that a device whose superblock copies are both invalid was an ssdcache cache: a
-/// copy that still carries the magic, a checkpoint page where every layout puts the first
-/// one, or a journal block where a layout of this device's size for some line size would
-/// put the first one. Empty when there are none.
-pub fn traces_of_cache(dev: &dyn BlockDevice, a: &CopyProblem, b: &CopyProblem) -> Vec<String> {
+/// Metadata of an ssdcache cache found where a cache keeps it, for a device whose superblock
+/// copies are both invalid: a checkpoint page where every layout puts the first one, or a
+/// journal block where a layout of this device's size, for some line size, puts the first
+/// one. Empty when there is none. (A copy that keeps the magic is the other sign:
+/// `CopyProblem::has_magic`.)
+pub fn traces_of_cache(dev: &dyn BlockDevice) -> Vec<String> {
     let mut found = Vec::new();
-    for (copy, problem) in [(SuperblockCopy::A, a), (SuperblockCopy::B, b)] {
-        if problem.has_magic() {
-            found.push(format!(
-                "superblock {copy} carries the ssdcache magic ({problem})"
-            ));
-        }
-    }
     if block_magic(dev, META_OFFSET) == Some(META_PAGE_MAGIC) {
         found.push(format!("a checkpoint page at byte {META_OFFSET}"));
     }
@@ -469,7 +483,7 @@ mod tests {
         damage(&both, SuperblockCopy::A);
         damage(&both, SuperblockCopy::B);
         let m = message(&*both);
-        assert!(m.contains("both superblock copies"), "{m}");
+        assert!(m.contains("superblock copies are both damaged"), "{m}");
         assert!(m.contains("--discard-dirty-data"), "{m}");
 
         let big = formatted(32 * MIB);
@@ -487,32 +501,25 @@ mod tests {
         let dev = formatted(16 * MIB);
         let read = read_superblock(&*dev).expect("read");
         let journal_offset = read.layout.journal_offset;
-        damage(&dev, SuperblockCopy::A);
-        dev.write_at(&vec![0u8; 65536], 65536).expect("wipe B");
-        let Copies::Invalid { a, b } = read_copies(&*dev).expect("read") else {
-            panic!("both copies are invalid");
-        };
-        let found = traces_of_cache(&*dev, &a, &b);
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].contains("copy A"), "{found:?}");
+        dev.write_at(&vec![0u8; 2 * 65536], 0)
+            .expect("wipe both copies");
+        let m = read_superblock_copies(&*dev)
+            .expect_err("no superblock")
+            .to_string();
+        assert!(m.contains("not an ssdcache cache"), "{m}");
+        assert!(traces_of_cache(&*dev).is_empty());
 
-        dev.write_at(&vec![0u8; 65536], 0).expect("wipe A");
         let mut block = vec![0u8; 4096];
         block[..4].copy_from_slice(&JOURNAL_MAGIC.to_le_bytes());
         dev.write_at(&block, journal_offset).expect("journal block");
-        let Copies::Invalid { a, b } = read_copies(&*dev).expect("read") else {
-            panic!("both copies are invalid");
-        };
-        let found = traces_of_cache(&*dev, &a, &b);
         assert_eq!(
-            found,
+            traces_of_cache(&*dev),
             vec![format!("a journal block at byte {journal_offset}")]
         );
-
-        let zeros = MemDevice::new("zeros", 16 * MIB);
-        let Copies::Invalid { a, b } = read_copies(&zeros).expect("read") else {
-            panic!("zeros hold no superblock");
-        };
-        assert!(traces_of_cache(&zeros, &a, &b).is_empty());
+        let m = read_superblock_copies(&*dev)
+            .expect_err("no superblock")
+            .to_string();
+        assert!(m.contains("superblock copies are both damaged"), "{m}");
+        assert!(m.contains("a journal block at byte"), "{m}");
     }
 }
