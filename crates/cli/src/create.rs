@@ -7,7 +7,7 @@ use ssdcache_device::BlockDevice;
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::NewVolume;
 
-use crate::devices::{open_device, same_device};
+use crate::devices::{check_kind, open_device, same_device};
 use crate::size::{human, parse_size};
 use crate::ModeArg;
 
@@ -20,7 +20,7 @@ pub struct CreateArgs {
     #[arg(long, value_name = "PATH")]
     backing: PathBuf,
     /// Cache line size: a power of two from 4KiB to 1MiB
-    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_line_size)]
     line_size: u64,
     /// Caching mode of the volume
     #[arg(long, value_enum, default_value = "write-through")]
@@ -50,15 +50,16 @@ pub struct CreateArgs {
 
 pub fn run(args: CreateArgs) -> Result<()> {
     for (what, path) in [("cache", &args.cache), ("backing device", &args.backing)] {
+        check_kind(path, what)?;
         std::fs::metadata(path)
             .with_context(|| format!("cannot open {what} {}", path.display()))?;
     }
     if same_device(&args.cache, &args.backing)? {
-        bail!(
+        return Err(crate::usage_error(format!(
             "--cache {} and --backing {} are the same file or device; the cache must be a different, faster device",
             args.cache.display(),
             args.backing.display()
-        );
+        )));
     }
     let name = volume_name(args.name.as_deref(), &args.backing)?;
     // Locks make a running ssdcache that holds either device refuse us, and us it.
@@ -128,6 +129,17 @@ pub fn run(args: CreateArgs) -> Result<()> {
     Ok(())
 }
 
+fn parse_line_size(text: &str) -> Result<u64, String> {
+    let size = parse_size(text)?;
+    let range = ssdcache_format::MIN_LINE_SIZE..=ssdcache_format::MAX_LINE_SIZE;
+    if !size.is_power_of_two() || !range.contains(&size) {
+        return Err(format!(
+            "{text:?} is not a power of two from 4KiB to 1MiB (4KiB, 8KiB, ... 64KiB, ... 1MiB)"
+        ));
+    }
+    Ok(size)
+}
+
 pub(crate) fn parse_policy(name: &str) -> Result<u32, String> {
     ssdcache_engine::policy::id_of(&name.trim().to_ascii_lowercase()).ok_or_else(|| {
         format!(
@@ -161,7 +173,9 @@ fn volume_name(given: Option<&str>, backing: &Path) -> Result<String> {
         || name.len() > ssdcache_format::superblock::NAME_LEN
         || name.contains(['/', '?', '#'])
     {
-        bail!("volume name {name:?} must be 1 to 64 bytes without '/', '?' or '#'; choose one with --name");
+        return Err(crate::usage_error(format!(
+            "volume name {name:?} must be 1 to 64 bytes without '/', '?' or '#'; choose one with --name"
+        )));
     }
     Ok(name)
 }

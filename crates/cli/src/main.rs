@@ -17,7 +17,7 @@ mod writeback;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(
@@ -33,7 +33,12 @@ Typical use:\n  ssdcache create --cache /dev/nvme0n1p2 --backing /dev/sdb --mode
 ssdcache serve --cache /dev/nvme0n1p2 --socket /run/ssdcache/sdb.sock\n  \
 nbd-client -unix /run/ssdcache/sdb.sock /dev/nbd0     (or qemu, nbdfuse, nbdcopy...)\n  \
 ssdcache stats --cache /dev/nvme0n1p2\n\nSee docs/operations.md and docs/design.md.",
-    after_help = "Set RUST_LOG=debug for more log output. Exit status: 0 on success, 1 on error, 2 on bad usage."
+    after_help = "Set RUST_LOG=debug for more log output.\n\n\
+Exit status: 0 on success; 2 on bad usage: an unknown or missing flag, flags that conflict, a \
+value that cannot be right (a malformed size, an unknown policy or volume name, a directory where \
+a device or file is needed, the same device as cache and backing, a wrong setting in serve's \
+config file); 1 on every other error: a path that cannot be opened, a device error, or a state \
+that forbids the command (a cache holding dirty data, a device in use, a damaged superblock)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -210,7 +215,9 @@ Example:\n  ssdcache advise --trace /var/tmp/sdb.trace --target-hit-ratio 0.9 --
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let subcommand = matches.subcommand_name().unwrap_or_default().to_owned();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if !matches!(cli.command, Command::Serve(_) | Command::HddEmulator(_)) {
         restore_default_sigpipe();
     }
@@ -238,11 +245,58 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.chain().any(|cause| cause.is::<UsageError>()) => {
+            eprintln!("ssdcache: error: {}", error_text(&e));
+            eprintln!("For more information, try 'ssdcache {subcommand} --help'.");
+            ExitCode::from(2)
+        }
         Err(e) => {
-            eprintln!("ssdcache: error: {e:#}");
+            eprintln!("ssdcache: error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// A mistake on the command line (or in serve's config file) that clap cannot see, such as
+/// two flags that contradict each other or a volume name the cache does not have: reported
+/// like clap's own errors, with exit status 2.
+#[derive(Debug)]
+pub struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A usage error (exit status 2) saying `message`.
+pub fn usage_error(message: impl Into<String>) -> anyhow::Error {
+    UsageError(message.into()).into()
+}
+
+/// Turns any error into a usage error with the same text (for checks of settings that come
+/// only from the command line or a config file).
+pub fn as_usage_error(error: anyhow::Error) -> anyhow::Error {
+    usage_error(error_text(&error))
+}
+
+/// The error and its causes, `: `-separated, leaving out a cause its wrapper already shows
+/// (library errors print their source in their own message).
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 /// Where sockets go by default: /run/ssdcache for root, else the user's runtime directory.
@@ -267,5 +321,45 @@ fn restore_default_sigpipe() {
     // SAFETY: setting a signal disposition to SIG_DFL at start, before any other thread runs.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct WithSource(std::io::Error);
+
+    impl std::fmt::Display for WithSource {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cache device /dev/null: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for WithSource {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_shown_by_its_wrapper_is_not_repeated() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "failed to fill whole buffer",
+        );
+        let e = anyhow::Error::new(WithSource(io)).context("cannot read /dev/null");
+        assert_eq!(
+            error_text(&e),
+            "cannot read /dev/null: cache device /dev/null: failed to fill whole buffer"
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_found_in_the_chain() {
+        let e = as_usage_error(anyhow::anyhow!("--threads 0 is out of range"));
+        assert!(e.chain().any(|c| c.is::<UsageError>()));
+        assert_eq!(error_text(&e), "--threads 0 is out of range");
     }
 }

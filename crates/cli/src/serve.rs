@@ -389,7 +389,7 @@ fn open_cache(s: &Settings) -> Result<(Arc<Cache>, Superblock)> {
     let mut sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", s.cache.display()))?;
     // Cache::open writes the superblock, which makes these settings persistent.
-    for change in s.tuning.apply(&mut sb)? {
+    for change in s.tuning.apply(&mut sb).map_err(crate::as_usage_error)? {
         tracing::info!("config file: {change}");
     }
     let dirty = |i: usize| dirty_per_volume(&*dev, &sb).get(i).copied().unwrap_or(0);
@@ -437,7 +437,7 @@ pub(crate) fn dirty_per_volume(dev: &dyn BlockDevice, sb: &Superblock) -> Vec<u6
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let s = settings(args)?;
+    let s = settings(args).map_err(crate::as_usage_error)?;
     // The trace file is created first, so a path that cannot be written fails before the
     // cache is opened; if serving then fails to start, the empty trace goes again, so the
     // next start is not refused for an existing file.
