@@ -302,6 +302,9 @@ pub struct InfoReport {
     /// What the running daemon recovered from the journal at its start, if it started after
     /// an unclean stop.
     pub recovered: Option<Recovered>,
+    /// Set when one superblock copy is damaged: which, why, and that it gets rewritten.
+    #[serde(default)]
+    pub superblock_warning: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -394,13 +397,14 @@ pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
             })
             .collect(),
         recovered: None,
+        superblock_warning: None,
     }
 }
 
 pub fn info(args: InfoArgs) -> Result<()> {
     let (dev, read) = read_cache(&args.cache)?;
     let mut sb = read.superblock;
-    let r: InfoReport = match control::query(&control::default_path(&sb.cache_uuid), "info")? {
+    let mut r: InfoReport = match control::query(&control::default_path(&sb.cache_uuid), "info")? {
         Some(v) => serde_json::from_value(v).context("daemon sent info in an unknown shape")?,
         None => {
             // The superblock's dirty totals are from the last clean stop; the metadata (the
@@ -414,6 +418,7 @@ pub fn info(args: InfoArgs) -> Result<()> {
             info_report(&sb, &args.cache)
         }
     };
+    r.superblock_warning = read.damaged.map(|d| d.warning());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -423,6 +428,9 @@ pub fn info(args: InfoArgs) -> Result<()> {
         "format      version {}, sequence {}, state {}",
         r.format_version, r.sequence, r.state
     );
+    if let Some(warning) = &r.superblock_warning {
+        println!("WARNING     {warning}");
+    }
     println!(
         "size        {} = {} lines of {} + {} metadata/journal",
         human(r.cache_size),
