@@ -5,7 +5,9 @@ use clap::Args;
 use ssdcache_device::identity;
 use ssdcache_device::BlockDevice;
 use ssdcache_engine::admission::Admission;
+use ssdcache_engine::superblock::{self, Copies};
 use ssdcache_engine::NewVolume;
+use ssdcache_format::{CacheMode, CacheState, Superblock};
 
 use crate::devices::{check_kind, open_device, same_device};
 use crate::size::{human, parse_size};
@@ -43,9 +45,17 @@ pub struct CreateArgs {
     /// Volume name, also the NBD export name [default: the backing file's name]
     #[arg(long)]
     name: Option<String>,
-    /// Overwrite an existing ssdcache cache (its cached data is dropped; backing untouched)
+    /// Overwrite an existing ssdcache cache (its cached data is dropped; backing untouched).
+    /// Never discards dirty data: a cache that holds some, or may (truncated, metadata
+    /// unreadable, both superblock copies damaged), is refused
     #[arg(long)]
     force: bool,
+    /// Overwrite the cache even though it holds, or may hold, dirty write-back data: writes
+    /// that exist NOWHERE else, not on the backing device. They are destroyed. Implies
+    /// --force. Write them back first with `ssdcache flush` (or `ssdcache recover`) unless
+    /// they are lost anyway
+    #[arg(long)]
+    discard_dirty_data: bool,
 }
 
 pub fn run(args: CreateArgs) -> Result<()> {
@@ -65,30 +75,7 @@ pub fn run(args: CreateArgs) -> Result<()> {
     // Locks make a running ssdcache that holds either device refuse us, and us it.
     let backing = open_device(&args.backing, "backing device", false, true)?;
     let cache = open_device(&args.cache, "cache", true, true)?;
-    if let Ok(existing) = ssdcache_engine::read_superblock(&*cache) {
-        if !args.force {
-            let vols: Vec<&str> = existing.volumes.iter().map(|v| v.name.as_str()).collect();
-            bail!(
-                "{} already holds an ssdcache cache (volumes: {}); add --force to overwrite it \
-                 (its cached data is dropped; backing devices are not touched)",
-                args.cache.display(),
-                vols.join(", ")
-            );
-        }
-        let dirty: u64 = crate::serve::dirty_per_volume(&*cache, &existing)
-            .iter()
-            .sum();
-        if dirty > 0 {
-            bail!(
-                "{} holds {} of dirty data (write-back) that its backing device does not have; \
-                 overwriting it would lose that data. Write it back first: `ssdcache flush --cache {}` \
-                 (or `ssdcache recover` if the daemon cannot start), then create again",
-                args.cache.display(),
-                human(dirty),
-                args.cache.display()
-            );
-        }
-    }
+    check_overwrite(&args, &*cache)?;
     let ident = identity::probe(&args.backing, backing.size())
         .with_context(|| format!("cannot identify backing device {}", args.backing.display()))?;
     let sb = ssdcache_engine::format(
@@ -178,4 +165,193 @@ fn volume_name(given: Option<&str>, backing: &Path) -> Result<String> {
         )));
     }
     Ok(name)
+}
+
+/// Decides, before anything is written, whether the cache device may be overwritten: a
+/// device that is not a cache may; a cache needs --force; a cache that holds dirty data, or
+/// may and cannot say how much, needs --discard-dirty-data.
+fn check_overwrite(args: &CreateArgs, cache: &dyn BlockDevice) -> Result<()> {
+    let path = args.cache.display();
+    let (a, b) = match superblock::read_copies(cache)
+        .with_context(|| format!("cannot read the start of {path}"))?
+    {
+        Copies::Valid(read) => return check_cache_overwrite(args, cache, &read.superblock),
+        Copies::Invalid { a, b } => (a, b),
+    };
+    let traces = superblock::traces_of_cache(cache);
+    if !a.has_magic() && !b.has_magic() && traces.is_empty() {
+        return Ok(());
+    }
+    let damage = format!(
+        "copy A: {a}; copy B: {b}{}",
+        superblock::found_text(&traces)
+    );
+    if args.discard_dirty_data {
+        eprintln!(
+            "create: --discard-dirty-data: overwriting {path}, an ssdcache cache whose \
+             superblock copies are both damaged ({damage}); any dirty data it held is lost"
+        );
+        return Ok(());
+    }
+    bail!(
+        "{path} looks like an ssdcache cache whose two superblock copies are both damaged \
+         ({damage}). It may hold dirty write-back data that exists nowhere else, and how much \
+         cannot be known without its superblock.{} Keep the device as it is (copy it first if \
+         you want to try to save the data). If the backing devices hold all data (the cache \
+         was write-through or write-around, or flushed), re-create it with \
+         --discard-dirty-data",
+        force_is_not_enough(args)
+    )
+}
+
+fn force_is_not_enough(args: &CreateArgs) -> &'static str {
+    if args.force {
+        " --force never discards dirty data."
+    } else {
+        ""
+    }
+}
+
+/// A cache with a valid superblock: refused while it holds dirty data (or may), else
+/// overwritten with --force.
+fn check_cache_overwrite(
+    args: &CreateArgs,
+    cache: &dyn BlockDevice,
+    sb: &Superblock,
+) -> Result<()> {
+    let path = args.cache.display();
+    let truncated = (sb.layout.cache_size > cache.size()).then(|| {
+        format!(
+            "{path} is {} but its superblock describes a cache of {}: it was truncated or \
+             replaced (data past its end is gone). ",
+            human(cache.size()),
+            human(sb.layout.cache_size)
+        )
+    });
+    let truncated = truncated.unwrap_or_default();
+    let restore = if truncated.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "restore its size (for a file: truncate -s {}) so it can be opened, then ",
+            sb.layout.cache_size
+        )
+    };
+    let flush = format!(
+        "{restore}write the dirty data back with `ssdcache flush --cache {path}` (or `ssdcache \
+         recover --cache {path} --backing DEVICE` if the daemon cannot start) and create again"
+    );
+    match dirty_at_stake(cache, sb) {
+        DirtyData::Known(vols) if vols.iter().any(|v| v.bytes > 0) => {
+            let total = human(vols.iter().map(|v| v.bytes).sum());
+            if args.discard_dirty_data {
+                eprintln!(
+                    "create: --discard-dirty-data: discarding {total} of dirty data ({})",
+                    describe_dirty(&vols)
+                );
+                return Ok(());
+            }
+            bail!(
+                "{truncated}{path} holds {total} of dirty data (write-back) that its backing \
+                 device does not have: {}. Overwriting it would lose that data.{} To keep it, \
+                 {flush}; to throw it away, add --discard-dirty-data",
+                describe_dirty(&vols),
+                force_is_not_enough(args)
+            )
+        }
+        DirtyData::Unknown { recorded, why } => {
+            if args.discard_dirty_data {
+                eprintln!(
+                    "create: --discard-dirty-data: discarding an unknown amount of dirty data \
+                     (the metadata cannot be read: {why})"
+                );
+                return Ok(());
+            }
+            bail!(
+                "{truncated}{path} was stopped uncleanly with write-back volumes, and its \
+                 metadata cannot be read ({why}), so how much dirty data it holds cannot be \
+                 known (at its last superblock write: {}). Overwriting it could lose data that \
+                 exists nowhere else.{} To keep it, {flush}; to throw it away, add \
+                 --discard-dirty-data",
+                describe_dirty(&recorded),
+                force_is_not_enough(args)
+            )
+        }
+        DirtyData::Known(_) if args.force || args.discard_dirty_data => Ok(()),
+        DirtyData::Known(_) => {
+            let vols: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
+            bail!(
+                "{truncated}{path} already holds an ssdcache cache (volumes: {}; no dirty \
+                 data); add --force to overwrite it (its cached data is dropped; backing \
+                 devices are not touched)",
+                vols.join(", ")
+            )
+        }
+    }
+}
+
+/// Dirty data of one volume of a cache about to be overwritten.
+struct VolumeDirty {
+    name: String,
+    backing: String,
+    bytes: u64,
+    lines: u64,
+}
+
+enum DirtyData {
+    /// From the checkpoint or the journal, or from the superblock of a clean stop (which
+    /// records the totals exactly).
+    Known(Vec<VolumeDirty>),
+    /// A write-back cache stopped uncleanly whose journal cannot be read: only the totals of
+    /// its last superblock write are known, and the journal may hold more.
+    Unknown {
+        recorded: Vec<VolumeDirty>,
+        why: String,
+    },
+}
+
+fn dirty_at_stake(cache: &dyn BlockDevice, sb: &Superblock) -> DirtyData {
+    let volume = |i: usize, bytes: u64, lines: u64| VolumeDirty {
+        name: sb.volumes[i].name.clone(),
+        backing: sb.volumes[i].backing.path.clone(),
+        bytes,
+        lines,
+    };
+    let recorded = || {
+        (0..sb.volumes.len())
+            .map(|i| volume(i, sb.volumes[i].dirty_bytes, sb.volumes[i].dirty_lines))
+            .collect()
+    };
+    match ssdcache_engine::offline_stats(cache, sb) {
+        Ok(stats) => DirtyData::Known(
+            stats
+                .iter()
+                .enumerate()
+                .map(|(i, v)| volume(i, v.dirty_bytes, v.dirty_lines))
+                .collect(),
+        ),
+        Err(_) if sb.state == CacheState::Clean => DirtyData::Known(recorded()),
+        Err(_) if !sb.volumes.iter().any(|v| v.mode == CacheMode::WriteBack) => {
+            DirtyData::Known(Vec::new())
+        }
+        Err(e) => DirtyData::Unknown {
+            recorded: recorded(),
+            why: e.to_string(),
+        },
+    }
+}
+
+fn describe_dirty(vols: &[VolumeDirty]) -> String {
+    vols.iter()
+        .map(|v| {
+            format!(
+                "volume '{}' (backing {}) {} in {} lines",
+                v.name,
+                v.backing,
+                human(v.bytes),
+                v.lines
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -82,9 +82,15 @@ given by --backing: two checksummed superblock copies recording the backing devi
 time), a metadata area and a data area of cache lines. Only the cache is written; the backing \
 device is opened read-only and never modified.\n\n\
 Refuses, and says what to do, when: the cache is smaller than 16 MiB or holds fewer than 64 lines; \
-the cache and the backing device are the same file or device; either is in use by a running \
-ssdcache; the cache already holds an ssdcache superblock (unless --force); a size is not a \
-multiple of 4096 bytes; a path cannot be opened."
+the cache and the backing device are the same file or device; a path is a directory or a \
+character device; either is in use by a running ssdcache; a size is not a multiple of 4096 bytes; \
+a path cannot be opened.\n\n\
+Over an existing cache: refused unless --force. A cache that holds dirty write-back data (data \
+written by clients that is on no other device) is refused even with --force, naming the volumes \
+and the amount; so is one that may hold some and cannot say how much (truncated, metadata \
+unreadable, both superblock copies damaged; the last is refused even without --force). Write the \
+data back first (`ssdcache flush`, or `ssdcache recover`), or destroy it knowingly with \
+--discard-dirty-data."
     )]
     Create(create::CreateArgs),
     /// Serve the volumes of a cache over NBD (foreground daemon)
