@@ -7,7 +7,7 @@ use ssdcache_device::BlockDevice;
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::superblock::{self, Copies};
 use ssdcache_engine::NewVolume;
-use ssdcache_format::{CacheMode, CacheState, Superblock};
+use ssdcache_format::{CacheMode, CacheState, Superblock, VolumeSlot};
 
 use crate::devices::{check_kind, open_device, same_device};
 use crate::size::{human, parse_size};
@@ -219,75 +219,106 @@ fn check_cache_overwrite(
     cache: &dyn BlockDevice,
     sb: &Superblock,
 ) -> Result<()> {
-    let path = args.cache.display();
-    let truncated = (sb.layout.cache_size > cache.size()).then(|| {
-        format!(
-            "{path} is {} but its superblock describes a cache of {}: it was truncated or \
-             replaced (data past its end is gone). ",
-            human(cache.size()),
-            human(sb.layout.cache_size)
-        )
-    });
-    let truncated = truncated.unwrap_or_default();
-    let restore = if truncated.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "restore its size (for a file: truncate -s {}) so it can be opened, then ",
-            sb.layout.cache_size
-        )
-    };
-    let flush = format!(
-        "{restore}write the dirty data back with `ssdcache flush --cache {path}` (or `ssdcache \
-         recover --cache {path} --backing DEVICE` if the daemon cannot start) and create again"
-    );
+    let advice = Advice::new(&args.cache, cache, sb);
     match dirty_at_stake(cache, sb) {
         DirtyData::Known(vols) if vols.iter().any(|v| v.bytes > 0) => {
-            let total = human(vols.iter().map(|v| v.bytes).sum());
-            if args.discard_dirty_data {
-                eprintln!(
-                    "create: --discard-dirty-data: discarding {total} of dirty data ({})",
-                    describe_dirty(&vols)
-                );
-                return Ok(());
-            }
-            bail!(
-                "{truncated}{path} holds {total} of dirty data (write-back) that its backing \
-                 device does not have: {}. Overwriting it would lose that data.{} To keep it, \
-                 {flush}; to throw it away, add --discard-dirty-data",
-                describe_dirty(&vols),
-                force_is_not_enough(args)
-            )
+            refuse_dirty(args, &advice, &vols)
         }
-        DirtyData::Unknown { recorded, why } => {
-            if args.discard_dirty_data {
-                eprintln!(
-                    "create: --discard-dirty-data: discarding an unknown amount of dirty data \
-                     (the metadata cannot be read: {why})"
-                );
-                return Ok(());
-            }
-            bail!(
-                "{truncated}{path} was stopped uncleanly with write-back volumes, and its \
-                 metadata cannot be read ({why}), so how much dirty data it holds cannot be \
-                 known (at its last superblock write: {}). Overwriting it could lose data that \
-                 exists nowhere else.{} To keep it, {flush}; to throw it away, add \
-                 --discard-dirty-data",
-                describe_dirty(&recorded),
-                force_is_not_enough(args)
-            )
-        }
+        DirtyData::Unknown { recorded, why } => refuse_unknown(args, &advice, &recorded, &why),
         DirtyData::Known(_) if args.force || args.discard_dirty_data => Ok(()),
         DirtyData::Known(_) => {
             let vols: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
             bail!(
-                "{truncated}{path} already holds an ssdcache cache (volumes: {}; no dirty \
-                 data); add --force to overwrite it (its cached data is dropped; backing \
-                 devices are not touched)",
+                "{}{} already holds an ssdcache cache (volumes: {}; no dirty data); add \
+                 --force to overwrite it (its cached data is dropped; backing devices are not \
+                 touched)",
+                advice.truncated,
+                args.cache.display(),
                 vols.join(", ")
             )
         }
     }
+}
+
+/// What a refusal to overwrite a cache with a valid superblock says besides the amount.
+struct Advice {
+    /// A note when the device is smaller than the cache its superblock records, else empty.
+    truncated: String,
+    /// How to keep the dirty data.
+    keep: String,
+}
+
+impl Advice {
+    fn new(path: &Path, cache: &dyn BlockDevice, sb: &Superblock) -> Advice {
+        let path = path.display();
+        let recorded = sb.layout.cache_size;
+        let (truncated, restore) = if recorded > cache.size() {
+            (
+                format!(
+                    "{path} is {} but its superblock describes a cache of {}: it was truncated \
+                     or replaced (data past its end is gone). ",
+                    human(cache.size()),
+                    human(recorded)
+                ),
+                format!("restore its size (for a file: truncate -s {recorded}) so it can be opened, then "),
+            )
+        } else {
+            (String::new(), String::new())
+        };
+        let keep = format!(
+            "{restore}write the dirty data back with `ssdcache flush --cache {path}` (or \
+             `ssdcache recover --cache {path} --backing DEVICE` if the daemon cannot start) and \
+             create again"
+        );
+        Advice { truncated, keep }
+    }
+}
+
+fn refuse_dirty(args: &CreateArgs, advice: &Advice, vols: &[VolumeDirty]) -> Result<()> {
+    let total = human(vols.iter().map(|v| v.bytes).sum());
+    if args.discard_dirty_data {
+        eprintln!(
+            "create: --discard-dirty-data: discarding {total} of dirty data ({})",
+            describe_dirty(vols)
+        );
+        return Ok(());
+    }
+    bail!(
+        "{}{} holds {total} of dirty data (write-back) that its backing device does not have: \
+         {}. Overwriting it would lose that data.{} To keep it, {}; to throw it away, add \
+         --discard-dirty-data",
+        advice.truncated,
+        args.cache.display(),
+        describe_dirty(vols),
+        force_is_not_enough(args),
+        advice.keep
+    )
+}
+
+fn refuse_unknown(
+    args: &CreateArgs,
+    advice: &Advice,
+    recorded: &[VolumeDirty],
+    why: &str,
+) -> Result<()> {
+    if args.discard_dirty_data {
+        eprintln!(
+            "create: --discard-dirty-data: discarding an unknown amount of dirty data (the \
+             metadata cannot be read: {why})"
+        );
+        return Ok(());
+    }
+    bail!(
+        "{}{} was stopped uncleanly with write-back volumes, and its metadata cannot be read \
+         ({why}), so how much dirty data it holds cannot be known (at its last superblock \
+         write: {}). Overwriting it could lose data that exists nowhere else.{} To keep it, \
+         {}; to throw it away, add --discard-dirty-data",
+        advice.truncated,
+        args.cache.display(),
+        describe_dirty(recorded),
+        force_is_not_enough(args),
+        advice.keep
+    )
 }
 
 /// Dirty data of one volume of a cache about to be overwritten.
@@ -311,23 +342,24 @@ enum DirtyData {
 }
 
 fn dirty_at_stake(cache: &dyn BlockDevice, sb: &Superblock) -> DirtyData {
-    let volume = |i: usize, bytes: u64, lines: u64| VolumeDirty {
-        name: sb.volumes[i].name.clone(),
-        backing: sb.volumes[i].backing.path.clone(),
+    let volume = |slot: &VolumeSlot, bytes: u64, lines: u64| VolumeDirty {
+        name: slot.name.clone(),
+        backing: slot.backing.path.clone(),
         bytes,
         lines,
     };
     let recorded = || {
-        (0..sb.volumes.len())
-            .map(|i| volume(i, sb.volumes[i].dirty_bytes, sb.volumes[i].dirty_lines))
+        sb.volumes
+            .iter()
+            .map(|slot| volume(slot, slot.dirty_bytes, slot.dirty_lines))
             .collect()
     };
     match ssdcache_engine::offline_stats(cache, sb) {
         Ok(stats) => DirtyData::Known(
-            stats
+            sb.volumes
                 .iter()
-                .enumerate()
-                .map(|(i, v)| volume(i, v.dirty_bytes, v.dirty_lines))
+                .zip(&stats)
+                .map(|(slot, v)| volume(slot, v.dirty_bytes, v.dirty_lines))
                 .collect(),
         ),
         Err(_) if sb.state == CacheState::Clean => DirtyData::Known(recorded()),
