@@ -29,7 +29,8 @@ pub struct StatsArgs {
     /// Cache device or file (finds the daemon's control socket, or reads offline)
     #[arg(long, value_name = "PATH", required_unless_present = "control")]
     cache: Option<PathBuf>,
-    /// Control socket of a running daemon [default: derived from the cache's UUID]
+    /// Control socket of a running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Print JSON instead of text

@@ -24,7 +24,8 @@ pub struct FlushArgs {
     /// Cache device or file
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
-    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    /// Control socket of the running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Where a volume's backing device is now, when flushing offline (repeatable)
@@ -71,7 +72,8 @@ pub struct SetModeArgs {
     /// Volume to change [default: the cache's first volume]
     #[arg(long, value_name = "NAME")]
     volume: Option<String>,
-    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    /// Control socket of the running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
 }
