@@ -282,8 +282,9 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 
 /// Writes both superblock copies, each made durable before the next is touched. The copy a
 /// reader would choose now (the valid one with the higher sequence; copy B on a tie, so the
-/// steady order is A then B) is written last, so while the first write is in flight the device still holds a valid copy
-/// of the newest durable state, and a damaged copy is replaced before the good one is touched.
+/// steady order is A then B) is written last: while the first write is in flight the device
+/// still holds a valid copy of the newest durable state, and a damaged copy is replaced
+/// before the good one is touched.
 pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     let bytes = sb
         .encode()
