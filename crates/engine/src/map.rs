@@ -327,6 +327,30 @@ impl MapState {
         self.store(slot, valid, dirty, 0)
     }
 
+    /// Marks sectors valid and clean with new data that the backing device already has (a
+    /// write-through write): dirty sectors among them are superseded, not kept.
+    pub fn set_written_through(&mut self, slot: u32, first: usize, crcs: &[u32]) -> Checked {
+        let count = crcs.len();
+        self.check_sectors(slot, first, count)?;
+        if self.keys[slot as usize] == NO_KEY {
+            return Ok(());
+        }
+        let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        for s in first..first + count {
+            valid.set(s, true);
+            dirty.set(s, false);
+        }
+        self.store(slot, valid, dirty, 0)?;
+        let base = slot as usize * self.sectors_per_line;
+        self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        if let Some(unverified) = self.unverified.get_mut(&slot) {
+            for s in first..first + count {
+                unverified.set(s, false);
+            }
+        }
+        Ok(())
+    }
+
     fn check_sectors(&self, slot: u32, first: usize, count: usize) -> Checked {
         check(first + count <= self.sectors_per_line, || {
             format!(

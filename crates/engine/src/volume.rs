@@ -770,6 +770,17 @@ impl Volume {
     /// cache error only drops the line: the backing device has the data. Returns whether the
     /// line was cached already.
     fn fill(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, false)
+    }
+
+    /// Puts data that a write just wrote through to the backing device in the cache: it
+    /// supersedes any dirty sectors of the segment (left by write-back while a mode change
+    /// drains), which become clean with the new data and its checksums.
+    fn put_written_through(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, true)
+    }
+
+    fn put_clean(&self, seg: &Segment, data: &[u8], supersedes_dirty: bool) -> Result<bool> {
         let Some((slot, cached)) = self.slot_for(seg)? else {
             return Ok(false); // every line busy or dirty: skip caching this one
         };
@@ -778,8 +789,13 @@ impl Volume {
                 self.count(Counter::BytesToCache, seg.len as u64);
                 let mut crcs = [0u32; MAX_SECTORS];
                 let crcs = sector_crcs(data, &mut crcs);
-                self.core
-                    .with_map(|m| m.set_clean_valid(slot, seg.first_sector, crcs))?;
+                self.core.with_map(|m| {
+                    if supersedes_dirty {
+                        m.set_written_through(slot, seg.first_sector, crcs)
+                    } else {
+                        m.set_clean_valid(slot, seg.first_sector, crcs)
+                    }
+                })?;
             }
             Err(e) => {
                 self.core
@@ -918,7 +934,7 @@ impl Volume {
             // A line not admitted stays out of the cache: the write went around it (the line
             // has no cached copy to drop).
             if self.admits(&seg) {
-                hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
+                hit |= self.put_written_through(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
             }
         }
         if hit {
