@@ -312,9 +312,12 @@ fn errno(e: EngineError) -> Errno {
     match e {
         EngineError::OutOfRange { .. } | EngineError::Misaligned { .. } => Errno::Invalid,
         EngineError::ReadOnly(_) => Errno::Perm,
-        EngineError::Backing { .. } | EngineError::CacheDevice { .. } | EngineError::Format(_) => {
-            Errno::Io
-        }
+        EngineError::Backing { .. }
+        | EngineError::CacheDevice { .. }
+        | EngineError::Format(_)
+        | EngineError::DataDamaged(_)
+        | EngineError::Invariant(_)
+        | EngineError::Halted(_) => Errno::Io,
     }
 }
 
@@ -518,6 +521,7 @@ fn serve(s: &Settings, recorder: Option<Arc<Recorder>>) -> Result<()> {
     );
     cache.start_cleaner(s.cleaner.clone());
     watch_signals(server.clone())?;
+    watch_halt(cache.clone(), server.clone());
     let mut listeners = vec![{
         let server = server.clone();
         std::thread::spawn(move || server.serve_unix(unix))
@@ -587,6 +591,20 @@ fn finish_recording(recorder: &Recorder) {
         Some(e) => tracing::warn!("{summary}; recording failed: {e}"),
         None => tracing::info!("{summary}; {}", st.state),
     }
+}
+
+/// Stops serving once the engine halted after a failed internal check: requests already fail,
+/// and the shutdown that follows leaves the cache marked running (no checkpoint of a state that
+/// failed a check), so the next start replays the journal.
+fn watch_halt(cache: Arc<Cache>, server: Arc<Server>) {
+    std::thread::spawn(move || loop {
+        if let Some(reason) = cache.halted() {
+            tracing::error!("stopping: the cache halted ({reason})");
+            server.shutdown();
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    });
 }
 
 /// On SIGTERM or SIGINT, starts a graceful stop; a second signal is logged, not fatal, so

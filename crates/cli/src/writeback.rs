@@ -31,6 +31,12 @@ pub struct FlushArgs {
     /// Where a volume's backing device is now, when flushing offline (repeatable)
     #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
     backing: Vec<(String, PathBuf)>,
+    /// Give up dirty data that fails its checksum or cannot be read back from the cache
+    /// device (the cache lost or damaged it; without this flag nothing is written back while
+    /// any is found, and the error names the ranges). That data is lost: the backing device
+    /// keeps its older contents there. Everything else is written back.
+    #[arg(long)]
+    discard_damaged: bool,
 }
 
 #[derive(Args)]
@@ -41,6 +47,12 @@ pub struct DetachArgs {
     /// Where a volume's backing device is now, if it moved (repeatable)
     #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
     backing: Vec<(String, PathBuf)>,
+    /// Give up dirty data that fails its checksum or cannot be read back from the cache
+    /// device (the cache lost or damaged it; without this flag nothing is written back while
+    /// any is found, and the error names the ranges). That data is lost: the backing device
+    /// keeps its older contents there. Everything else is written back.
+    #[arg(long)]
+    discard_damaged: bool,
 }
 
 #[derive(Args)]
@@ -59,6 +71,12 @@ pub struct RecoverArgs {
     /// that holds a copy of the old one)
     #[arg(long)]
     force: bool,
+    /// Give up dirty data that fails its checksum or cannot be read back from the cache
+    /// device (the cache lost or damaged it; without this flag nothing is written back while
+    /// any is found, and the error names the ranges). That data is lost: the backing device
+    /// keeps its older contents there. Everything else is written back.
+    #[arg(long)]
+    discard_damaged: bool,
 }
 
 #[derive(Args)]
@@ -252,21 +270,65 @@ fn open_offline(
 }
 
 /// Writes back every dirty line in this process, with progress; returns false when
-/// interrupted (what was written back stays clean).
-fn drain_here(cache: &Cache, what: &'static str) -> Result<bool> {
+/// interrupted (what was written back stays clean). Every dirty sector is first checked
+/// against its checksum: damaged data is never written back; with `discard_damaged` it is
+/// given up first, otherwise nothing is written. On an error the cache is closed cleanly
+/// (still warm, its dirty data kept) before the error is returned.
+fn drain_here(cache: &Cache, what: &'static str, discard_damaged: bool) -> Result<bool> {
     let stop = interrupt_flag()?;
     let total = cache.dirty_bytes();
     if total == 0 {
         return Ok(true);
     }
-    let mut progress = Progress::new(total, what);
-    let result = cache.drain(&CleanerConfig::default(), &mut |left| {
-        progress.update(left);
-        !stop.load(Ordering::Relaxed)
-    });
-    progress.finish();
-    result.context("write-back failed")?;
+    let result = (|| {
+        if discard_damaged {
+            give_up_damaged(cache, what, &stop)?;
+        }
+        let mut progress = Progress::new(cache.dirty_bytes(), what);
+        eprintln!("{what}: checking the dirty data against its checksums, then writing it back");
+        let result = cache.drain(&CleanerConfig::default(), &mut |left| {
+            progress.update(left);
+            !stop.load(Ordering::Relaxed)
+        });
+        progress.finish();
+        result.context("write-back failed")
+    })();
+    if let Err(e) = result {
+        if let Err(close) = cache.shutdown() {
+            eprintln!("{what}: could not close the cache cleanly either: {close}");
+        }
+        return Err(e);
+    }
     Ok(cache.dirty_bytes() == 0)
+}
+
+/// `--discard-damaged`: finds the dirty data that fails its checksum or cannot be read, and
+/// drops it from the cache, saying what was lost.
+fn give_up_damaged(cache: &Cache, what: &str, stop: &AtomicBool) -> Result<()> {
+    eprintln!("{what}: checking the dirty data against its checksums");
+    cache
+        .verify_dirty(&mut |_| !stop.load(Ordering::Relaxed))
+        .context("checking the dirty data failed")?;
+    if stop.load(Ordering::Relaxed) {
+        bail!("interrupted while checking the dirty data; nothing was written back");
+    }
+    let dropped = cache
+        .discard_damaged()
+        .context("cannot drop the damaged data")?;
+    let bytes: u64 = dropped.iter().map(|r| r.length).sum();
+    if dropped.is_empty() {
+        eprintln!("{what}: --discard-damaged: no damaged dirty data found");
+    } else {
+        eprintln!(
+            "{what}: --discard-damaged: gave up {} of damaged dirty data (the backing device keeps \
+             its older contents there):",
+            human(bytes)
+        );
+        for r in &dropped {
+            eprintln!("  {r}");
+        }
+    }
+    Ok(())
 }
 
 fn interrupted(left: u64, again: &str) -> anyhow::Error {
@@ -279,11 +341,18 @@ fn interrupted(left: u64, again: &str) -> anyhow::Error {
 pub fn flush(args: FlushArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
     check_backing_names(&sb, &args.backing)?;
+    if args.discard_damaged && ask_daemon(&sb, &args.control, "info")?.is_some() {
+        bail!(
+            "--discard-damaged works on a stopped cache: stop the daemon serving {} (SIGTERM), \
+             then run `ssdcache flush --discard-damaged` again",
+            args.cache.display()
+        );
+    }
     if let Some((ctl, first)) = ask_daemon(&sb, &args.control, "flush")? {
         return flush_online(&ctl, dirty_of(&first));
     }
     let (cache, _) = open_offline(&args.cache, &args.backing)?;
-    let done = drain_here(&cache, "flush")?;
+    let done = drain_here(&cache, "flush", args.discard_damaged)?;
     let left = cache.dirty_bytes();
     cache.shutdown().context("cannot close the cache")?;
     if !done {
@@ -347,7 +416,7 @@ pub fn detach(args: DetachArgs) -> Result<()> {
         );
     }
     let (cache, _) = open_offline(&args.cache, &args.backing)?;
-    if !drain_here(&cache, "detach")? {
+    if !drain_here(&cache, "detach", args.discard_damaged)? {
         let left = cache.dirty_bytes();
         cache.shutdown()?;
         return Err(interrupted(left, "ssdcache detach"));
@@ -413,7 +482,7 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
             r.millis
         );
     }
-    let done = drain_here(&cache, "recover")?;
+    let done = drain_here(&cache, "recover", args.discard_damaged)?;
     if !done {
         let left = cache.dirty_bytes();
         cache.shutdown()?;

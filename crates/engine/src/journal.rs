@@ -61,14 +61,13 @@ pub fn write_commit(
     }
     let per_block = entries_per_block(layout.line_size);
     let blocks = blocks_for(records.len(), layout);
-    debug_assert!(pos.live_blocks() + blocks <= layout.journal_blocks());
     let mut buf = AlignedBuf::zeroed((blocks * SECTOR_SIZE) as usize);
     for (i, chunk) in records.chunks(per_block).enumerate() {
         let entries: Vec<JournalEntry> = chunk
             .iter()
             .map(|(slot, record)| JournalEntry {
                 slot: u64::from(*slot),
-                record: *record,
+                record: record.clone(),
             })
             .collect();
         let head = BlockHeader {

@@ -253,6 +253,15 @@ pub fn read_superblock_copies(dev: &dyn BlockDevice) -> Result<SuperblockRead> {
     }
     match read_copies(dev)? {
         Copies::Invalid { a, b } => {
+            // A copy with a valid checksum and another format version is no damage: say so.
+            for problem in [&a, &b] {
+                if let CopyProblem::Invalid(
+                    e @ (SuperblockError::OlderVersion(_) | SuperblockError::NewerVersion(_)),
+                ) = problem
+                {
+                    return Err(EngineError::Format(format!("{}: {e}", dev.describe())));
+                }
+            }
             let traces = traces_of_cache(dev);
             if a.has_magic() || b.has_magic() || !traces.is_empty() {
                 Err(unusable(NotUsable::BothCopiesDamaged { a, b, traces }))

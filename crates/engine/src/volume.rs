@@ -4,10 +4,11 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
-use ssdcache_format::{CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
+use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
 use crate::admission::{Admission, NHitAdmission, StreamDetector};
-use crate::cache::CacheCore;
+use crate::cache::{CacheCore, Mismatch};
+use crate::commit::Backing;
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
 
@@ -43,11 +44,18 @@ pub enum Counter {
     /// Bytes of missed lines that admission kept out of the cache (served from or written to
     /// the backing device only).
     BytesNotAdmitted,
+    /// Sectors read from the cache whose data did not match its checksum (a damaged or lost
+    /// cache region): clean ones were dropped and read from the backing device, dirty ones
+    /// refused.
+    ChecksumErrors,
 }
 
 thread_local! {
     /// One line of scratch space per thread for whole-line fills (no allocation per miss).
     static LINE_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
+    /// Cached sectors being checked before they are laid over a backing read (a fill's line
+    /// scratch may be in use further up the stack).
+    static OVERLAY_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
 }
 
 /// The part of a request that falls in one cache line.
@@ -118,7 +126,6 @@ pub struct Volume {
     state: AtomicU8,
     read_only: bool,
     size: u64,
-    backing: Arc<dyn BlockDevice>,
     core: Arc<CacheCore>,
     streams: Mutex<StreamDetector>,
     admission: Admission,
@@ -168,7 +175,6 @@ impl Volume {
         slot: &VolumeSlot,
         admission: Admission,
         index: usize,
-        backing: Arc<dyn BlockDevice>,
         core: Arc<CacheCore>,
     ) -> Volume {
         let lines = usize::try_from(core.layout.line_count).unwrap_or(usize::MAX);
@@ -181,7 +187,6 @@ impl Volume {
             state: AtomicU8::new(0),
             read_only: slot.read_only,
             size: slot.backing.size,
-            backing,
             core,
             streams: Mutex::new(StreamDetector::new(slot.sequential_cutoff)),
             admission,
@@ -211,8 +216,9 @@ impl Volume {
             _ => VolumeState::Healthy,
         }
     }
-    pub(crate) fn backing(&self) -> &Arc<dyn BlockDevice> {
-        &self.backing
+    /// The backing device, with its writes counted against its flushes (`commit.rs`).
+    pub(crate) fn backing(&self) -> &Backing {
+        &self.core.backings[self.index]
     }
     pub(crate) fn count_pub(&self, c: Counter, n: u64) {
         self.count(c, n);
@@ -311,7 +317,9 @@ impl Volume {
         }
     }
 
+    /// Refuses a request past the end or misaligned, and every request once the engine halted.
     fn check(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.check_running()?;
         if !offset.is_multiple_of(SECTOR_SIZE) || !length.is_multiple_of(SECTOR_SIZE) {
             return Err(EngineError::Misaligned { offset, length });
         }
@@ -364,7 +372,7 @@ impl Volume {
     fn backing_err(&self, source: std::io::Error) -> EngineError {
         self.count(Counter::BackingErrors, 1);
         EngineError::Backing {
-            device: self.backing.describe(),
+            device: self.backing().describe(),
             source,
         }
     }
@@ -410,7 +418,7 @@ impl Volume {
 
     fn read_backing(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.core.note_client_backing_io();
-        self.backing
+        self.backing()
             .read_at(buf, offset)
             .map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesFromBacking, buf.len() as u64);
@@ -419,8 +427,7 @@ impl Volume {
 
     fn write_backing(&self, data: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.core.note_client_backing_io();
-        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-        self.backing
+        self.backing()
             .write_at(data, offset)
             .map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesToBacking, data.len() as u64);
@@ -430,12 +437,9 @@ impl Volume {
         Ok(())
     }
 
+    /// Makes every write that returned from the backing device before this call durable.
     fn flush_backing(&self) -> Result<()> {
-        self.core.backing_unflushed[self.index].store(false, Ordering::Release);
-        self.backing.flush().map_err(|e| {
-            self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-            self.backing_err(e)
-        })
+        self.backing().flush().map_err(|e| self.backing_err(e))
     }
 
     fn slot_offset(&self, slot: u32, seg: &Segment) -> u64 {
@@ -536,16 +540,62 @@ impl Volume {
     /// clean data drops it and reports a miss, so the backing device serves it; on dirty data
     /// it is an error (the backing device's copy is stale).
     fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
-        let Some(slot) = Self::cached_slot(&mut self.core.map(), self.id, seg) else {
-            return Ok(false);
+        let mut crcs = [0u32; MAX_SECTORS];
+        let crcs = &mut crcs[..seg.sectors];
+        let slot = {
+            let mut map = self.core.map();
+            let Some(slot) = Self::cached_slot(&mut map, self.id, seg) else {
+                return Ok(false);
+            };
+            map.sector_crcs(slot, seg.first_sector, crcs);
+            slot
         };
-        match self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
-            Ok(()) => {
-                self.count(Counter::BytesFromCache, seg.len as u64);
-                Ok(true)
-            }
-            Err(e) => self.cache_read_failed(slot, seg.first_sector, seg.sectors, e),
+        if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
+            return self.cache_read_failed(slot, seg.first_sector, seg.sectors, e);
         }
+        if !self.verify_cached(slot, seg.line, seg.first_sector, buf, crcs)? {
+            return Ok(false);
+        }
+        self.count(Counter::BytesFromCache, seg.len as u64);
+        Ok(true)
+    }
+
+    /// Checks sectors read from `slot` (sector `first` onwards, of `line`) against their
+    /// checksums. A sector that fails (and is not a newer write kept after an unclean stop:
+    /// `CacheCore::settle_mismatch`) is handled as a cache read error of that sector: a clean
+    /// one is dropped and `Ok(false)` says to read it from the backing device; a dirty one
+    /// fails the read, since the backing device's copy is older.
+    fn verify_cached(
+        &self,
+        slot: u32,
+        line: u64,
+        first: usize,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<bool> {
+        for (i, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
+            if sector_crc(sector) == crcs[i] {
+                continue;
+            }
+            let s = first + i;
+            if self.core.settle_mismatch(slot, s, sector) == Mismatch::NewerWrite {
+                continue;
+            }
+            self.count(Counter::ChecksumErrors, 1);
+            let at = line * self.core.layout.line_size + s as u64 * SECTOR_SIZE;
+            let err = std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "cached data of volume '{}' bytes [{at}, +{SECTOR_SIZE}) does not match its \
+                     checksum (a lost, zeroed or damaged cache region)",
+                    self.name
+                ),
+            );
+            if !self.cache_read_failed(slot, s, 1, err)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// After a failed cache read of sectors of `slot`: clean ones are dropped (the backing
@@ -568,8 +618,9 @@ impl Volume {
             self.cache_failed(std::io::Error::other(err.to_string()));
             return Err(err);
         }
-        map.invalidate_slot(slot, first, count);
+        let dropped = map.invalidate_slot(slot, first, count);
         drop(map);
+        dropped.map_err(|crate::map::Invariant(what)| self.core.halt(what))?;
         self.cache_failed(e);
         Ok(false)
     }
@@ -577,9 +628,15 @@ impl Volume {
     /// Lays the cached sectors of a range over `buf`, which holds the backing device's data:
     /// cached sectors may be dirty (newer than the backing device).
     fn overlay_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut crcs = [0u32; MAX_SECTORS];
         for seg in self.segments(offset, buf.len() as u64) {
-            let Some(hit) = self.core.map().peek(self.id, seg.line) else {
-                continue;
+            let hit = {
+                let map = self.core.map();
+                let Some(hit) = map.peek(self.id, seg.line) else {
+                    continue;
+                };
+                map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
+                hit
             };
             let end = seg.first_sector + seg.sectors;
             let mut s = seg.first_sector;
@@ -590,20 +647,46 @@ impl Volume {
                 }
                 let run_end = (s..end).find(|&t| !hit.valid.get(t)).unwrap_or(end);
                 let at = seg.buf_at + (s - seg.first_sector) * SECTOR_SIZE as usize;
-                let len = (run_end - s) * SECTOR_SIZE as usize;
-                let from =
-                    self.core.layout.slot_offset(u64::from(hit.slot)) + s as u64 * SECTOR_SIZE;
-                match self.core.dev.read_at(&mut buf[at..at + len], from) {
-                    Ok(()) => self.count(Counter::BytesFromCache, len as u64),
-                    Err(e) => {
-                        // Clean sectors are already right in `buf` (read from the backing device).
-                        self.cache_read_failed(hit.slot, s, run_end - s, e)?;
-                    }
-                }
+                let run = &mut buf[at..at + (run_end - s) * SECTOR_SIZE as usize];
+                self.overlay_run(&seg, hit.slot, s, run, &crcs[s - seg.first_sector..])?;
                 s = run_end;
             }
         }
         Ok(())
+    }
+
+    /// Reads cached sectors `first..` of `slot` over `run` (which holds the backing device's
+    /// copy), checked against `crcs`. A clean sector the cache cannot give back is dropped and
+    /// read again from the backing device; a dirty one fails the read.
+    fn overlay_run(
+        &self,
+        seg: &Segment,
+        slot: u32,
+        first: usize,
+        run: &mut [u8],
+        crcs: &[u32],
+    ) -> Result<()> {
+        OVERLAY_SCRATCH.with(|scratch| {
+            let mut cached = scratch.borrow_mut();
+            cached.resize_discarding(run.len());
+            let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
+            if let Err(e) = self.core.dev.read_at(&mut cached, from) {
+                // `run` still holds the backing device's copy, right for clean sectors.
+                self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
+                return Ok(());
+            }
+            let sectors = run
+                .chunks_mut(SECTOR_SIZE as usize)
+                .zip(cached.chunks(SECTOR_SIZE as usize));
+            for (i, (out, sector)) in sectors.enumerate() {
+                // A clean sector that fails is dropped: the backing copy in `out` stays.
+                if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
+                    out.copy_from_slice(sector);
+                    self.count(Counter::BytesFromCache, SECTOR_SIZE);
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
@@ -634,7 +717,7 @@ impl Volume {
             for seg in self.segments(first.offset, (end - start) as u64) {
                 if self.fills(fill, &seg) {
                     let at = start + seg.buf_at;
-                    self.fill(&seg, &buf[at..at + seg.len]);
+                    self.fill(&seg, &buf[at..at + seg.len])?;
                 }
             }
         }
@@ -656,7 +739,7 @@ impl Volume {
             }
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
-            self.fill(&whole, &scratch);
+            self.fill(&whole, &scratch)?;
             Ok::<bool, EngineError>(true)
         })?;
         if !filled {
@@ -686,53 +769,71 @@ impl Volume {
     /// already carry the cached sectors of the segment (a fill never changes dirty data). A
     /// cache error only drops the line: the backing device has the data. Returns whether the
     /// line was cached already.
-    fn fill(&self, seg: &Segment, data: &[u8]) -> bool {
-        let Some((slot, cached)) = self.slot_for(seg) else {
-            return false; // every line busy or dirty: skip caching this one
+    fn fill(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, false)
+    }
+
+    /// Puts data that a write just wrote through to the backing device in the cache: it
+    /// supersedes any dirty sectors of the segment (left by write-back while a mode change
+    /// drains), which become clean with the new data and its checksums.
+    fn put_written_through(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, true)
+    }
+
+    fn put_clean(&self, seg: &Segment, data: &[u8], supersedes_dirty: bool) -> Result<bool> {
+        let Some((slot, cached)) = self.slot_for(seg)? else {
+            return Ok(false); // every line busy or dirty: skip caching this one
         };
         match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
             Ok(()) => {
                 self.count(Counter::BytesToCache, seg.len as u64);
-                self.core
-                    .map()
-                    .set_clean_valid(slot, seg.first_sector, seg.sectors);
+                let mut crcs = [0u32; MAX_SECTORS];
+                let crcs = sector_crcs(data, &mut crcs);
+                self.core.with_map(|m| {
+                    if supersedes_dirty {
+                        m.set_written_through(slot, seg.first_sector, crcs)
+                    } else {
+                        m.set_clean_valid(slot, seg.first_sector, crcs)
+                    }
+                })?;
             }
             Err(e) => {
                 self.core
-                    .map()
-                    .invalidate_slot(slot, seg.first_sector, seg.sectors);
+                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
                 self.cache_failed(e);
             }
         }
-        cached
+        Ok(cached)
     }
 
     /// The slot caching a segment's line, allocated if needed, and whether the line was cached
     /// already; `None` when no slot can be freed.
-    fn slot_for(&self, seg: &Segment) -> Option<(u32, bool)> {
-        let mut map = self.core.map();
-        match map.lookup(self.id, seg.line) {
-            Some(hit) => Some((hit.slot, true)),
-            None => map
-                .allocate(self.id, seg.line, &self.core.locks)
-                .map(|slot| (slot, false)),
-        }
+    fn slot_for(&self, seg: &Segment) -> Result<Option<(u32, bool)>> {
+        self.core
+            .with_map(|map| match map.lookup(self.id, seg.line) {
+                Some(hit) => Ok(Some((hit.slot, true))),
+                None => Ok(map
+                    .allocate(self.id, seg.line, &self.core.locks)?
+                    .map(|slot| (slot, false))),
+            })
     }
 
-    fn invalidate(&self, offset: u64, length: u64) {
-        let mut map = self.core.map();
-        for seg in self.segments(offset, length) {
-            map.invalidate(self.id, seg.line, seg.first_sector, seg.sectors);
-        }
+    fn invalidate(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.with_map(|map| {
+            self.segments(offset, length).try_for_each(|seg| {
+                map.invalidate(self.id, seg.line, seg.first_sector, seg.sectors)
+            })
+        })
     }
 
     /// After a failed backing write of a range: clean cached copies no longer match the
     /// backing device and are dropped; dirty ones stay (they are newer than either).
-    fn invalidate_clean(&self, offset: u64, length: u64) {
-        let mut map = self.core.map();
-        for seg in self.segments(offset, length) {
-            map.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors);
-        }
+    fn invalidate_clean(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.with_map(|map| {
+            self.segments(offset, length).try_for_each(|seg| {
+                map.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
+            })
+        })
     }
 
     /// Writes `data` at `offset`; with `fua`, durable before returning.
@@ -787,7 +888,8 @@ impl Volume {
     /// durable: every flush fails while any of it is left, and the volume stops caching new
     /// writes (they go to the backing device) until the cleaner has written it all back.
     fn commit(&self) -> Result<()> {
-        if self.core.commit_failed.load(Ordering::Acquire) && self.has_dirty() {
+        // Cache-wide: the failed commit may have carried any volume's records.
+        if self.core.journal.failed() && self.core.map().total_dirty_lines() > 0 {
             return Err(EngineError::CacheDevice {
                 device: self.core.dev.describe(),
                 source: std::io::Error::other(
@@ -798,7 +900,7 @@ impl Volume {
         }
         match self.core.commit() {
             Ok(()) => {
-                self.core.commit_failed.store(false, Ordering::Release);
+                self.core.journal.clear_failed();
                 Ok(())
             }
             Err(e) => {
@@ -814,18 +916,17 @@ impl Volume {
     /// succeeded (dirty ones included: the new data supersedes them).
     fn write_around(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
-            self.invalidate_clean(offset, data.len() as u64);
+            self.invalidate_clean(offset, data.len() as u64)?;
             return Err(e);
         }
-        self.invalidate(offset, data.len() as u64);
-        Ok(())
+        self.invalidate(offset, data.len() as u64)
     }
 
     /// Backing first (the cache never holds the only copy), then the cache.
     fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
             // The backing contents of the range are now unknown: the cache must not claim them.
-            self.invalidate_clean(offset, data.len() as u64);
+            self.invalidate_clean(offset, data.len() as u64)?;
             return Err(e);
         }
         let mut hit = false;
@@ -833,7 +934,7 @@ impl Volume {
             // A line not admitted stays out of the cache: the write went around it (the line
             // has no cached copy to drop).
             if self.admits(&seg) {
-                hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
+                hit |= self.put_written_through(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
             }
         }
         if hit {
@@ -855,7 +956,7 @@ impl Volume {
                 self.write_around(seg.offset, part, false)?;
                 continue;
             }
-            let Some((slot, cached)) = self.slot_for(&seg) else {
+            let Some((slot, cached)) = self.slot_for(&seg)? else {
                 self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
                 self.write_around(seg.offset, part, false)?;
                 continue;
@@ -864,9 +965,10 @@ impl Volume {
             match self.core.dev.write_at(part, self.slot_offset(slot, &seg)) {
                 Ok(()) => {
                     self.count(Counter::BytesToCache, seg.len as u64);
+                    let mut crcs = [0u32; MAX_SECTORS];
+                    let crcs = sector_crcs(part, &mut crcs);
                     self.core
-                        .map()
-                        .set_dirty(slot, seg.first_sector, seg.sectors, now);
+                        .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
                 }
                 Err(e) => {
                     // What the slot now holds for these sectors is unknown; the new data goes
@@ -874,8 +976,7 @@ impl Volume {
                     self.cache_failed(e);
                     self.write_backing(part, seg.offset, false)?;
                     self.core
-                        .map()
-                        .invalidate_slot(slot, seg.first_sector, seg.sectors);
+                        .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
                 }
             }
         }
@@ -892,6 +993,7 @@ impl Volume {
     /// Makes every completed write durable: the backing device flushed and, when the cache
     /// may hold dirty data, the journal committed.
     pub fn flush(&self) -> Result<()> {
+        self.core.check_running()?;
         self.count(Counter::Flushes, 1);
         self.flush_backing()?;
         if self.dirty_possible() {
@@ -930,12 +1032,11 @@ impl Volume {
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         self.core.note_client_backing_io();
-        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-        if let Err(e) = on_backing(&*self.backing) {
-            self.invalidate_clean(offset, length);
+        if let Err(e) = self.backing().write_with(on_backing) {
+            self.invalidate_clean(offset, length)?;
             return Err(self.backing_err(e));
         }
-        self.invalidate(offset, length);
+        self.invalidate(offset, length)?;
         drop(held);
         if fua {
             self.flush()?;
@@ -969,3 +1070,15 @@ impl Volume {
 
 /// Changed line records that make a write-back writer commit on its own.
 const COMMIT_BATCH: usize = 4096;
+
+/// Sectors in the largest line (1 MiB), for per-segment arrays on the stack.
+const MAX_SECTORS: usize = (ssdcache_format::MAX_LINE_SIZE / SECTOR_SIZE) as usize;
+
+/// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
+pub(crate) fn sector_crcs<'a>(data: &[u8], out: &'a mut [u32; MAX_SECTORS]) -> &'a [u32] {
+    let n = data.len() / SECTOR_SIZE as usize;
+    for (crc, sector) in out.iter_mut().zip(data.chunks(SECTOR_SIZE as usize)) {
+        *crc = sector_crc(sector);
+    }
+    &out[..n]
+}
