@@ -31,12 +31,16 @@
 //! connection. [`Server::shutdown`] stops accepting and reading, lets
 //! requests already read finish and be answered, then closes connections.
 
+mod buffers;
 mod connection;
 pub mod handshake;
 pub mod proto;
 mod server;
 
+pub use buffers::{KEEP_BYTES, KEEP_MAX_BUFFER};
 pub use connection::ConnectionError;
 pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome};
 pub use proto::{transmission_flags, Command, Errno, ProtocolError, RequestHeader};
-pub use server::{Export, NbdStream, Server, ServerConfig, ServerError, ServerExport};
+pub use server::{
+    Export, NbdStream, Server, ServerConfig, ServerError, ServerExport, DATALESS_CHUNK_BYTES,
+};
