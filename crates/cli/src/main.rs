@@ -12,6 +12,7 @@ mod serve;
 mod simulate;
 mod size;
 mod tuning;
+mod usage;
 mod writeback;
 
 use std::path::PathBuf;
@@ -87,8 +88,13 @@ multiple of 4096 bytes; a path cannot be opened."
         long_about = "Opens a cache and its backing devices, checks that each backing device is \
 the one recorded at create, and serves each volume as an NBD export named after the volume (the \
 empty export name reaches the first volume) on a Unix socket (mode 0600), and on TCP with --listen.\n\n\
-After a clean stop (SIGTERM or SIGINT: in-flight requests finish, the cache map is written, the \
-cache is marked clean) the next start is warm. After a crash or kill -9 the journal is replayed: \
+Sockets, addresses and volume names are checked before the cache is opened: a refused start \
+leaves the cache as it was (exit status 2 for bad usage, 1 for an error such as a socket in use).\n\n\
+After a clean stop (SIGTERM or SIGINT: in-flight requests get up to --shutdown-timeout to finish, \
+then every client socket is closed; a second signal does not wait; the cache map is written, the \
+cache is marked clean) the next start is warm. If a request is stuck in a device that does not \
+answer, the journal is committed instead of the map and serve exits 1; the next start replays it. \
+After a crash or kill -9 the journal is replayed: \
 dirty data (write-back) is recovered, clean cached data is dropped, and nothing stale is ever \
 served. A volume whose cache holds dirty data is never served in front of a missing or different \
 backing device.\n\n\
@@ -240,7 +246,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ssdcache: error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(usage::exit_status(&e))
         }
     }
 }
