@@ -829,16 +829,26 @@ fn drain(server: &Server, stops: &StopEvents, timeout: Duration) -> Ending {
     close_connections(server)
 }
 
-/// Closes every client socket and gives the connections' threads a moment to end; what is
-/// left is inside the engine.
+/// Closes every client socket and gives the connections' threads a moment to end. After
+/// `force_close` no request enters the engine any more, so the engine is left alone for good
+/// once none is inside, even if a connection's thread is still unwinding.
 fn close_connections(server: &Server) -> Ending {
     server.force_close();
     if server.wait_idle_timeout(UNWIND_GRACE) {
         return Ending::Drained;
     }
-    Ending::Stuck {
-        requests: server.requests_in_backend(),
-        connections: server.open_connections(),
+    match server.requests_in_backend() {
+        0 => {
+            tracing::warn!(
+                "{} NBD connections still closing, none inside the engine",
+                server.open_connections()
+            );
+            Ending::Drained
+        }
+        requests => Ending::Stuck {
+            requests,
+            connections: server.open_connections(),
+        },
     }
 }
 

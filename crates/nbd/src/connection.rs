@@ -640,7 +640,7 @@ impl<S: NbdStream> Connection<'_, S> {
         match header.command {
             Command::Read => {
                 let buffer = request.buffer.insert(self.lease(header.length as usize)?);
-                let _inside = self.shared.enter_backend();
+                let _inside = self.shared.enter_backend()?;
                 backend.read(offset, buffer)
             }
             Command::Write => {
@@ -648,11 +648,11 @@ impl<S: NbdStream> Connection<'_, S> {
                 let Some(data) = request.buffer.as_deref() else {
                     return Err(Errno::Invalid);
                 };
-                let _inside = self.shared.enter_backend();
+                let _inside = self.shared.enter_backend()?;
                 backend.write(offset, data, fua)
             }
             Command::Flush => {
-                let _inside = self.shared.enter_backend();
+                let _inside = self.shared.enter_backend()?;
                 backend.flush()
             }
             Command::Trim => self.in_pieces(offset, length, fua, |o, l, f| backend.trim(o, l, f)),
@@ -679,7 +679,7 @@ impl<S: NbdStream> Connection<'_, S> {
         op: impl Fn(u64, u64, bool) -> Result<(), Errno>,
     ) -> Result<(), Errno> {
         if length <= DATALESS_CHUNK_BYTES {
-            let _inside = self.shared.enter_backend();
+            let _inside = self.shared.enter_backend()?;
             return op(offset, length, fua);
         }
         // Validation checked that the range lies inside the export.
@@ -690,12 +690,12 @@ impl<S: NbdStream> Connection<'_, S> {
                 return Err(Errno::Shutdown);
             }
             let piece = (end - start).min(DATALESS_CHUNK_BYTES);
-            let _inside = self.shared.enter_backend();
+            let _inside = self.shared.enter_backend()?;
             op(start, piece, false)?;
             start += piece;
         }
         if fua {
-            let _inside = self.shared.enter_backend();
+            let _inside = self.shared.enter_backend()?;
             self.export.backend.flush()?;
         }
         Ok(())

@@ -216,10 +216,18 @@ impl Shared {
         self.force_closed.load(Ordering::SeqCst)
     }
 
-    /// Counts a request as inside the backend until the guard drops.
-    pub(crate) fn enter_backend(&self) -> InBackend<'_> {
+    /// Counts a request as inside the backend until the guard drops, or refuses it with
+    /// `ESHUTDOWN` once `force_close` ran. Counting first and checking after (both SeqCst),
+    /// against `force_close` setting the flag first and reading the count after, means that
+    /// once `force_close` sees no request inside, none can enter any more: the backend is
+    /// quiet for good even while connection threads still unwind.
+    pub(crate) fn enter_backend(&self) -> Result<InBackend<'_>, Errno> {
         self.in_backend.fetch_add(1, Ordering::SeqCst);
-        InBackend(&self.in_backend)
+        let inside = InBackend(&self.in_backend);
+        if self.is_force_closed() {
+            return Err(Errno::Shutdown);
+        }
+        Ok(inside)
     }
 }
 
@@ -352,14 +360,15 @@ impl Server {
 
     /// Shuts down (as [`Server::shutdown`]) and closes every client socket in both directions
     /// at once: replies still owed are not sent, workers blocked on a socket or waiting for
-    /// buffer memory return, and split TRIM/WRITE_ZEROES/CACHE requests stop between pieces.
-    /// Requests inside a backend call finish there (nothing can stop those); their
-    /// connections close when they return, which [`Server::requests_in_backend`] shows.
+    /// buffer memory return, requests not yet in the backend are refused (`ESHUTDOWN`), and
+    /// split TRIM/WRITE_ZEROES/CACHE requests stop between pieces. Requests inside a backend
+    /// call finish there (nothing can stop those); [`Server::requests_in_backend`] counts
+    /// them.
     pub fn force_close(&self) {
-        self.shutdown();
         if self.shared.force_closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.shutdown();
         info!("NBD server closing every connection now");
         for stop in lock(&self.shared.connections).open.values() {
             stop(Shutdown::Both);
@@ -391,7 +400,9 @@ impl Server {
         lock(&self.shared.connections).open.len()
     }
 
-    /// Requests inside a backend call right now (read, write, flush...).
+    /// Requests inside a backend call right now (read, write, flush...). After
+    /// [`Server::force_close`] no request enters a backend call any more, so once this is 0
+    /// the backends are left alone for good.
     pub fn requests_in_backend(&self) -> usize {
         self.shared.in_backend.load(Ordering::SeqCst)
     }
