@@ -12,6 +12,8 @@ mod serve;
 mod simulate;
 mod size;
 mod tuning;
+mod usage;
+pub use usage::{as_usage_error, error_text, usage_error, UsageError};
 mod writeback;
 
 use std::path::PathBuf;
@@ -98,8 +100,13 @@ data back first (`ssdcache flush`, or `ssdcache recover`), or destroy it knowing
         long_about = "Opens a cache and its backing devices, checks that each backing device is \
 the one recorded at create, and serves each volume as an NBD export named after the volume (the \
 empty export name reaches the first volume) on a Unix socket (mode 0600), and on TCP with --listen.\n\n\
-After a clean stop (SIGTERM or SIGINT: in-flight requests finish, the cache map is written, the \
-cache is marked clean) the next start is warm. After a crash or kill -9 the journal is replayed: \
+Sockets, addresses and volume names are checked before the cache is opened: a refused start \
+leaves the cache as it was (exit status 2 for bad usage, 1 for an error such as a socket in use).\n\n\
+After a clean stop (SIGTERM or SIGINT: in-flight requests get up to --shutdown-timeout to finish, \
+then every client socket is closed; a second signal does not wait; the cache map is written, the \
+cache is marked clean) the next start is warm. If a request is stuck in a device that does not \
+answer, the journal is committed instead of the map and serve exits 1; the next start replays it. \
+After a crash or kill -9 the journal is replayed: \
 dirty data (write-back) is recovered, clean cached data is dropped, and nothing stale is ever \
 served. A volume whose cache holds dirty data is never served in front of a missing or different \
 backing device.\n\n\
@@ -251,58 +258,15 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.chain().any(|cause| cause.is::<UsageError>()) => {
-            eprintln!("ssdcache: error: {}", error_text(&e));
-            eprintln!("For more information, try 'ssdcache {subcommand} --help'.");
-            ExitCode::from(2)
-        }
         Err(e) => {
             eprintln!("ssdcache: error: {}", error_text(&e));
-            ExitCode::FAILURE
+            let status = usage::exit_status(&e);
+            if status == 2 {
+                eprintln!("For more information, try 'ssdcache {subcommand} --help'.");
+            }
+            ExitCode::from(status)
         }
     }
-}
-
-/// A mistake on the command line (or in serve's config file) that clap cannot see, such as
-/// two flags that contradict each other or a volume name the cache does not have: reported
-/// like clap's own errors, with exit status 2.
-#[derive(Debug)]
-pub struct UsageError(String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// A usage error (exit status 2) saying `message`.
-pub fn usage_error(message: impl Into<String>) -> anyhow::Error {
-    UsageError(message.into()).into()
-}
-
-/// Turns any error into a usage error with the same text (for checks of settings that come
-/// only from the command line or a config file).
-pub fn as_usage_error(error: anyhow::Error) -> anyhow::Error {
-    usage_error(error_text(&error))
-}
-
-/// The error and its causes, `: `-separated, leaving out a cause its wrapper already shows
-/// (library errors print their source in their own message).
-fn error_text(error: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in error.chain() {
-        let part = cause.to_string();
-        if text.ends_with(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
 }
 
 /// Where sockets go by default: /run/ssdcache for root, else the user's runtime directory.
