@@ -139,9 +139,11 @@ start_server() {
     SOCK=$sock
     local i
     for ((i = 0; i < SERVER_START_TIMEOUT * 10; i++)); do
+        # Ready once it accepts: serve binds its sockets before it opens the cache, so the
+        # socket file alone does not mean the cache is open (its log says so first).
         if [[ -n "${KEEP_STALE_SOCKET:-}" ]]; then
             timeout 5 nbdinfo --size "$(nbd_uri "$sock")" >/dev/null 2>&1 && return 0
-        elif [[ -S "$sock" ]]; then
+        elif [[ -S "$sock" ]] && grep -q "accepting connections" "$SERVER_LOG"; then
             return 0
         fi
         if ! _is_ours_alive "$SERVER_PID"; then
