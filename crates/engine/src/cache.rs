@@ -12,7 +12,7 @@ use ssdcache_format::{
 };
 
 use crate::admission::Admission;
-use crate::commit::{self, flush_cache, Backing, CommitKind, Journal, JournalState};
+use crate::commit::{self, flush_cache, Backing, CommitKind, CommitPurpose, Journal, JournalState};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
@@ -151,9 +151,28 @@ impl CacheCore {
     /// flushed, the cache device is flushed, and the records are written to the journal and
     /// flushed. When the journal is nearly full, or after a failed commit, the commit starts a
     /// fresh generation holding every dirty record instead (a compaction).
-    pub fn commit(&self) -> Result<()> {
+    pub fn commit(&self, purpose: CommitPurpose) -> Result<()> {
         self.check_running()?;
         let mut journal = self.journal.lock();
+        // Checked under the journal lock: a FLUSH that waited behind a commit which failed
+        // must see that failure (the data that commit's flush covered may be lost).
+        let refuse = purpose == CommitPurpose::Durability
+            && self.journal.failed()
+            && self.map().total_dirty_lines() > 0;
+        if refuse {
+            return Err(self.cache_err(std::io::Error::other(
+                "an earlier metadata commit failed; dirty data in the cache may not be durable \
+                 until it is written back",
+            )));
+        }
+        if let Some(next) = journal.unconfirmed() {
+            // Its blocks are whole and flushed; name it again before anything else is written.
+            if let Err(e) = self.write_journal_start(next) {
+                self.journal.note_failure(&mut journal, &e);
+                return Err(e);
+            }
+            journal.adopt(next);
+        }
         let (records, kind) = {
             let mut map = self.map();
             let kind = journal.kind_for(map.changes_pending(), &self.layout);
@@ -168,6 +187,11 @@ impl CacheCore {
             Ok(()) => {
                 self.map()
                     .commit_done(&records, kind == CommitKind::FreshGeneration);
+                if purpose == CommitPurpose::Durability {
+                    // No dirty data of unknown durability was left when this commit began,
+                    // and everything since is durable now.
+                    self.journal.clear_failed();
+                }
                 Ok(())
             }
             Err(e) => {
@@ -196,26 +220,47 @@ impl CacheCore {
             CommitKind::Append => journal.append(&*self.dev, &self.layout, records),
             CommitKind::FreshGeneration => {
                 let next = journal.write_fresh_generation(&*self.dev, &self.layout, records)?;
-                self.write_journal_start(next)?;
+                if let Err(e) = self.write_journal_start(next) {
+                    // A copy naming `next` may have landed: keep both logs intact until a
+                    // superblock write lands (the next commit retries this one first).
+                    journal.leave_unconfirmed(next);
+                    return Err(e);
+                }
                 journal.adopt(next);
                 Ok(())
             }
         }
     }
 
-    /// Writes the superblock naming `next` as the live log. The in-memory superblock changes
-    /// only once both copies landed, so a failed write can never be repeated later by an
-    /// unrelated superblock write (which would name a log that was never completed).
+    /// Writes the superblock naming `next` as the live log.
     fn write_journal_start(&self, next: JournalPosition) -> Result<()> {
+        self.update_superblock(|sb| {
+            sb.journal_generation = next.generation;
+            sb.journal_start_seq = next.start_seq;
+            sb.journal_start_block = next.start_block;
+        })
+    }
+
+    /// Writes the superblock with `change` applied and the next sequence number. The in-memory
+    /// superblock takes the change only once both copies landed, so a failed write is never
+    /// repeated by a later, unrelated superblock write; but it keeps the sequence number the
+    /// failed write used, so no later write can reuse it (a copy of the failed write may have
+    /// landed, and two valid copies must never share a sequence number).
+    pub fn update_superblock(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
         let mut sb = self.sb().clone();
-        sb.journal_generation = next.generation;
-        sb.journal_start_seq = next.start_seq;
-        sb.journal_start_block = next.start_block;
+        change(&mut sb);
         sb.sequence += 1;
         sb.updated_unix = now_unix();
-        write_superblock(&*self.dev, &sb)?;
-        *self.sb() = sb;
-        Ok(())
+        match write_superblock(&*self.dev, &sb) {
+            Ok(()) => {
+                *self.sb() = sb;
+                Ok(())
+            }
+            Err(e) => {
+                self.sb().sequence = sb.sequence;
+                Err(e)
+            }
+        }
     }
 }
 
@@ -362,6 +407,9 @@ fn load_state(
         (CacheState::Running, _) => {
             let began = Instant::now();
             let replayed = journal::replay(dev, &sb.layout, start)?;
+            if replayed.commits == 0 {
+                return Err(journal_lost(dev, sb));
+            }
             apply_journal(sb, map, &replayed.records)?;
             let (lines, bytes) = dirty_totals(sb, map);
             let recovery = RecoveryReport {
@@ -387,6 +435,22 @@ fn load_state(
         (CacheState::Clean, 0) => Ok((cold("the cache is new"), start)),
         (CacheState::Clean, seq) => Ok((load_checkpoint(dev, sb, seq, map)?, start)),
     }
+}
+
+/// Every journal generation starts with a commit written before the superblock that names it;
+/// a running cache whose log has none lost its journal region.
+fn journal_lost(dev: &dyn BlockDevice, sb: &Superblock) -> EngineError {
+    format_err(format!(
+        "{}: the cache stopped uncleanly, but its journal has no commit where the superblock \
+         says the log starts (generation {:#x}, block {}): the journal region was lost or \
+         overwritten (was the cache file truncated or written by something else?). The dirty \
+         data it recorded cannot be found, and the backing device may lack recent writes. \
+         Nothing was changed. Keep the device as it is if you want to try to save data; to \
+         start over without that data, `ssdcache create --discard-dirty-data`",
+        dev.describe(),
+        sb.journal_generation,
+        sb.journal_start_block
+    ))
 }
 
 /// Applies replayed records in journal order; the last record of a slot wins, and a line
@@ -548,18 +612,18 @@ impl Cache {
     pub fn persist_config(&self) -> Result<()> {
         self.core.check_running()?;
         let _journal = self.core.journal.lock();
-        let mut sb = self.core.sb().clone();
-        self.fold_volumes(&mut sb);
-        sb.sequence += 1;
-        sb.updated_unix = now_unix();
-        write_superblock(&*self.core.dev, &sb)?;
-        *self.core.sb() = sb;
-        Ok(())
+        self.core.update_superblock(|sb| self.fold_volumes(sb))
     }
 
     /// Makes every completed write of every volume durable.
     pub fn commit(&self) -> Result<()> {
-        self.core.commit()
+        self.core.commit(CommitPurpose::Durability)
+    }
+
+    /// Commits the journal as the cleaner's periodic commit does: it runs after a failed commit
+    /// too, because it promises nothing about the durability of writes (`commit` does).
+    pub fn commit_in_background(&self) -> Result<()> {
+        self.core.commit(CommitPurpose::Writeback)
     }
 
     /// Why the engine stopped itself, if a check that guards user data failed: the daemon
@@ -596,20 +660,17 @@ impl Cache {
         // state that failed a check, is what the next start trusts.
         self.core.check_running()?;
         let _journal = self.core.journal.lock();
-        let mut sb = self.core.sb().clone();
-        let seq = sb.sequence + 1;
+        // The superblock written below takes this sequence number.
+        let checkpoint = self.core.sb().sequence + 1;
         if !discard {
             self.core.flush_backings()?;
-            write_checkpoint(&self.core, seq)?;
+            write_checkpoint(&self.core, checkpoint)?;
         }
-        self.fold_volumes(&mut sb);
-        sb.state = CacheState::Clean;
-        sb.checkpoint_seq = if discard { 0 } else { seq };
-        sb.sequence = seq;
-        sb.updated_unix = now_unix();
-        write_superblock(&*self.core.dev, &sb)?;
-        *self.core.sb() = sb;
-        Ok(())
+        self.core.update_superblock(|sb| {
+            self.fold_volumes(sb);
+            sb.state = CacheState::Clean;
+            sb.checkpoint_seq = if discard { 0 } else { checkpoint };
+        })
     }
 }
 

@@ -14,6 +14,7 @@ use ssdcache_device::AlignedBuf;
 use ssdcache_format::{sector_crc, CacheMode, SectorBitmap, SECTOR_SIZE};
 
 use crate::cache::{Cache, Mismatch};
+use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::locks::LineKey;
 use crate::map::{line_of, volume_of, DirtyLine};
@@ -192,7 +193,7 @@ impl Cache {
                 self.volumes()[i].count_pub(Counter::BytesCleaned, e.len);
             }
         }
-        self.commit()?;
+        self.core().commit(CommitPurpose::Writeback)?;
         Ok(report)
     }
 
@@ -537,7 +538,7 @@ impl Cache {
                     && self.core().map().changes_pending() > 0
                 {
                     // Bounds how much a crash can lose when clients never flush.
-                    if let Err(e) = self.commit() {
+                    if let Err(e) = self.core().commit(CommitPurpose::Writeback) {
                         tracing::warn!("periodic metadata commit failed: {e}");
                     }
                     last_commit = Instant::now();
@@ -661,10 +662,14 @@ impl Cache {
             .get(volume)
             .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
         if v.configured_mode() == CacheMode::WriteBack && mode != CacheMode::WriteBack {
-            v.set_mode(CacheMode::WriteThrough);
-            self.drain(cfg, progress)?;
-            if self.dirty_bytes() > 0 {
-                v.set_mode(CacheMode::WriteBack);
+            // Writes go through from here on (once those in flight finished), so the drain
+            // below sees all the dirty data; the configured (persisted) mode changes only
+            // once it is all written back, and a failed drain leaves the volume write-back.
+            v.set_serving_mode(CacheMode::WriteThrough);
+            let drained = self.drain(cfg, progress);
+            if drained.is_err() || self.dirty_bytes() > 0 {
+                v.set_serving_mode(CacheMode::WriteBack);
+                drained?;
                 return Err(EngineError::Format(
                     "mode change interrupted before the dirty data was written back; the volume \
                      stays in write-back"

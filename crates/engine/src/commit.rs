@@ -87,6 +87,12 @@ pub(crate) struct JournalState {
     /// sequence numbers the next commit would use). The next commit must start a fresh
     /// generation so those blocks can never be read as part of the log.
     fresh_generation_due: bool,
+    /// A fresh generation whose blocks are written and flushed but whose superblock write
+    /// failed part way: a superblock copy on the device may name it, or the old log. Until a
+    /// superblock write lands, both must stay intact, so the next commit first writes the
+    /// superblock naming it again (its blocks are whole) before anything else touches the
+    /// journal.
+    unconfirmed: Option<JournalPosition>,
 }
 
 /// The metadata journal's commit state.
@@ -96,6 +102,17 @@ pub(crate) struct Journal {
     /// durable (a failed flush is never retried and forgotten). FLUSH keeps failing while the
     /// cache holds dirty data; see `Volume::commit`.
     failed: AtomicBool,
+}
+
+/// Why a commit runs, which decides whether an earlier failure refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitPurpose {
+    /// A client's FLUSH or FUA, or anyone promising that completed writes are durable: refused
+    /// while an earlier failed commit leaves dirty data of unknown durability.
+    Durability,
+    /// The cleaner recording what it wrote back (or its periodic commit): it promises nothing
+    /// about other data, so it runs after a failure too (it is how dirty data drains).
+    Writeback,
 }
 
 /// How a commit writes its records.
@@ -114,6 +131,7 @@ impl Journal {
             state: Mutex::new(JournalState {
                 pos,
                 fresh_generation_due: false,
+                unconfirmed: None,
             }),
             failed: AtomicBool::new(false),
         }
@@ -171,7 +189,7 @@ impl JournalState {
             )));
         }
         let mut next = self.pos;
-        if journal::write_commit(dev, layout, &mut next, records)? > 0 {
+        if journal::write_commit(dev, layout, &mut next, records, false)? > 0 {
             flush_cache(dev)?;
         }
         self.pos = next;
@@ -188,7 +206,7 @@ impl JournalState {
         records: &[(u32, LineRecord)],
     ) -> Result<JournalPosition> {
         let mut next = fresh_position(self.pos, layout);
-        let blocks = journal::blocks_for(records.len(), layout);
+        let blocks = journal::blocks_for(records.len(), layout).max(1);
         if self.pos.live_blocks() + blocks > layout.journal_blocks() {
             return Err(EngineError::Invariant(format!(
                 "a compaction of {blocks} blocks does not fit beside {} live journal blocks \
@@ -197,9 +215,11 @@ impl JournalState {
                 layout.journal_blocks()
             )));
         }
-        if journal::write_commit(dev, layout, &mut next, records)? > 0 {
-            flush_cache(dev)?;
-        }
+        // At least one block, even with nothing dirty: replay after an unclean stop requires
+        // the generation's first commit, so a journal region that was lost (zeroed, truncated)
+        // is refused rather than read as an empty log.
+        journal::write_commit(dev, layout, &mut next, records, true)?;
+        flush_cache(dev)?;
         Ok(next)
     }
 
@@ -207,6 +227,16 @@ impl JournalState {
     pub fn adopt(&mut self, next: JournalPosition) {
         self.pos = next;
         self.fresh_generation_due = false;
+        self.unconfirmed = None;
+    }
+
+    /// `next`'s blocks are whole but the superblock naming it may or may not have landed.
+    pub fn leave_unconfirmed(&mut self, next: JournalPosition) {
+        self.unconfirmed = Some(next);
+    }
+
+    pub fn unconfirmed(&self) -> Option<JournalPosition> {
+        self.unconfirmed
     }
 }
 
@@ -239,6 +269,7 @@ pub(crate) fn start_generation(
     let state = JournalState {
         pos,
         fresh_generation_due: true,
+        unconfirmed: None,
     };
     state.write_fresh_generation(dev, layout, records)
 }

@@ -49,20 +49,24 @@ pub fn blocks_for(records: usize, layout: &Layout) -> u64 {
 }
 
 /// Writes `records` as one commit at `pos.next_seq` (wrapping around the region), without
-/// flushing. Returns the number of blocks written. An empty commit writes nothing.
+/// flushing. Returns the number of blocks written. An empty commit writes nothing, unless
+/// `at_least_one_block` (a generation's first commit), which writes one empty block.
 pub fn write_commit(
     dev: &dyn BlockDevice,
     layout: &Layout,
     pos: &mut JournalPosition,
     records: &[(u32, LineRecord)],
+    at_least_one_block: bool,
 ) -> Result<u64> {
-    if records.is_empty() {
+    if records.is_empty() && !at_least_one_block {
         return Ok(0);
     }
     let per_block = entries_per_block(layout.line_size);
-    let blocks = blocks_for(records.len(), layout);
+    let blocks = blocks_for(records.len(), layout).max(1);
     let mut buf = AlignedBuf::zeroed((blocks * SECTOR_SIZE) as usize);
-    for (i, chunk) in records.chunks(per_block).enumerate() {
+    for i in 0..blocks as usize {
+        let chunk =
+            &records[(i * per_block).min(records.len())..((i + 1) * per_block).min(records.len())];
         let entries: Vec<JournalEntry> = chunk
             .iter()
             .map(|(slot, record)| JournalEntry {

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use crate::locks::{line_key, LineKey, LineLocks};
 use crate::policy::ReplacementPolicy;
+use ssdcache_format::lines::RECORD_UNVERIFIED;
 use ssdcache_format::superblock::MAX_VOLUMES;
 use ssdcache_format::{LineRecord, SectorBitmap};
 
@@ -50,12 +51,13 @@ pub struct MapState {
     sectors_per_line: usize,
     /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid.
     crcs: Vec<u32>,
-    /// Sectors restored from the journal after an unclean stop: their checksum is the one the
-    /// last commit recorded, and a write made after that commit (not yet flushed, so allowed
-    /// to be lost or kept) may have replaced the data in place. The first read of such a
-    /// sector that does not match accepts the data as that newer write unless it reads as
-    /// zeroes (what a lost or truncated region returns). Sparse: only recovered slots.
-    unverified: HashMap<u32, SectorBitmap>,
+    /// One bit per slot: its dirty sectors were restored from the journal after an unclean
+    /// stop, so their checksums are the ones the last commit recorded, and a write made after
+    /// that commit (not yet flushed, so allowed to be lost or kept) may have replaced the data
+    /// in place. A read of such a dirty sector that does not match accepts the data as that
+    /// newer write unless it reads as zeroes (what a lost or truncated region returns). Kept
+    /// across a clean stop (`RECORD_UNVERIFIED`); cleared when the slot has no dirty data.
+    unverified: Vec<u64>,
     /// Dirty sectors whose data failed its checksum (the cache lost or damaged them): the
     /// cleaner leaves them alone (writing them back would put garbage on the backing device),
     /// reads of them fail, and `Cache::verify_dirty` names them. A sector leaves the set when
@@ -118,7 +120,7 @@ impl MapState {
             words_per_line,
             sectors_per_line,
             crcs: vec![0; n * sectors_per_line],
-            unverified: HashMap::new(),
+            unverified: vec![0; n.div_ceil(64)],
             damaged: HashMap::new(),
             epoch: vec![0; n],
             dirty_since: vec![0; n],
@@ -195,6 +197,9 @@ impl MapState {
             if damaged.is_empty() {
                 self.damaged.remove(&slot);
             }
+        }
+        if dirty.is_empty() {
+            self.set_unverified(slot, false);
         }
         if valid.is_empty() {
             self.release(slot)?;
@@ -292,7 +297,7 @@ impl MapState {
         let at = slot as usize * wpl;
         self.valid[at..at + wpl].fill(0);
         self.dirty[at..at + wpl].fill(0);
-        self.unverified.remove(&slot);
+        self.set_unverified(slot, false);
         self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
@@ -343,11 +348,6 @@ impl MapState {
         self.store(slot, valid, dirty, 0)?;
         let base = slot as usize * self.sectors_per_line;
         self.crcs[base + first..base + first + count].copy_from_slice(crcs);
-        if let Some(unverified) = self.unverified.get_mut(&slot) {
-            for s in first..first + count {
-                unverified.set(s, false);
-            }
-        }
         Ok(())
     }
 
@@ -374,11 +374,9 @@ impl MapState {
         self.store(slot, valid, dirty, now)?;
         let base = slot as usize * self.sectors_per_line;
         self.crcs[base + first..base + first + count].copy_from_slice(crcs);
-        for set in [&mut self.unverified, &mut self.damaged] {
-            if let Some(bits) = set.get_mut(&slot) {
-                for s in first..first + count {
-                    bits.set(s, false);
-                }
+        if let Some(bits) = self.damaged.get_mut(&slot) {
+            for s in first..first + count {
+                bits.set(s, false);
             }
         }
         // A rewritten sector's checksum changes the record even when its dirty bit does not:
@@ -393,10 +391,21 @@ impl MapState {
         out.copy_from_slice(&self.crcs[at..at + out.len()]);
     }
 
-    /// Whether a sector's checksum came from the journal after an unclean stop and was not
-    /// confirmed since (see `unverified`).
+    /// Whether a dirty sector's checksum may predate a newer write that landed before an
+    /// unclean stop (see `unverified`).
     pub fn is_unverified(&self, slot: u32, sector: usize) -> bool {
-        self.unverified.get(&slot).is_some_and(|b| b.get(sector))
+        self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1
+            && self.dirty_bits(slot).get(sector)
+    }
+
+    fn set_unverified(&mut self, slot: u32, on: bool) {
+        let bit = 1u64 << (slot % 64);
+        let word = &mut self.unverified[slot as usize / 64];
+        if on {
+            *word |= bit;
+        } else {
+            *word &= !bit;
+        }
     }
 
     /// Marks a dirty sector whose data failed its checksum (see `damaged`).
@@ -422,12 +431,9 @@ impl MapState {
     /// Accepts `crc` as an unverified sector's checksum: its data is a write newer than the
     /// last commit. The next commit records it.
     pub fn accept_newer_data(&mut self, slot: u32, sector: usize, crc: u32) {
-        if let Some(unverified) = self.unverified.get_mut(&slot) {
-            if unverified.get(sector) {
-                unverified.set(sector, false);
-                self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
-                self.note_changed(slot);
-            }
+        if self.is_unverified(slot, sector) {
+            self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
+            self.note_changed(slot);
         }
     }
 
@@ -578,9 +584,10 @@ impl MapState {
         }
         let valid = self.valid_bits(slot);
         let base = slot as usize * self.sectors_per_line;
+        let unverified = self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1;
         LineRecord {
             volume: volume_of(key),
-            flags: 0,
+            flags: if unverified { RECORD_UNVERIFIED } else { 0 },
             backing_line: line_of(key),
             valid,
             dirty: self.dirty_bits(slot),
@@ -726,9 +733,8 @@ impl MapState {
         for s in 0..self.sectors_per_line {
             self.crcs[base + s] = rec.crc(s);
         }
-        if unverified && !dirty.is_empty() {
-            self.unverified.insert(slot, dirty);
-        }
+        let unverified = unverified || rec.flags & RECORD_UNVERIFIED != 0;
+        self.set_unverified(slot, unverified && !dirty.is_empty());
         self.store(slot, valid, dirty, 0)?;
         // Whatever was restored came from durable metadata.
         self.maybe_durable_dirty[slot as usize] = !dirty.is_empty();

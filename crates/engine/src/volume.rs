@@ -1,14 +1,14 @@
 //! One backing device served through the cache: the read and write paths of each mode.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
 use crate::admission::{Admission, NHitAdmission, StreamDetector};
 use crate::cache::{CacheCore, Mismatch};
-use crate::commit::Backing;
+use crate::commit::{Backing, CommitPurpose};
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
 
@@ -123,6 +123,10 @@ pub struct Volume {
     name: String,
     mode: AtomicU8,
     configured_mode: AtomicU8,
+    /// Held (shared) by every write for its whole duration and (exclusive) by a mode change:
+    /// once a change to a mode that makes no dirty data returns, no write-back write that
+    /// read the old mode is still running, so every dirty line is in the map for the drain.
+    mode_gate: RwLock<()>,
     state: AtomicU8,
     read_only: bool,
     size: u64,
@@ -184,6 +188,7 @@ impl Volume {
             name: slot.name.clone(),
             mode: AtomicU8::new(mode_code(slot.mode)),
             configured_mode: AtomicU8::new(mode_code(slot.mode)),
+            mode_gate: RwLock::new(()),
             state: AtomicU8::new(0),
             read_only: slot.read_only,
             size: slot.backing.size,
@@ -227,14 +232,17 @@ impl Volume {
     /// Serves requests in `mode` from now on. Leaving write-back needs the dirty data written
     /// back first: see `Cache::set_mode`.
     pub(crate) fn set_mode(&self, mode: CacheMode) {
+        let _no_write_running = self.mode_gate.write().unwrap_or_else(|p| p.into_inner());
         self.mode.store(mode_code(mode), Ordering::Release);
         self.configured_mode
             .store(mode_code(mode), Ordering::Release);
     }
 
     /// Serves writes in `mode` for now, the configured mode unchanged (while a mode change
-    /// waits for the dirty data to be written back).
+    /// waits for the dirty data to be written back). Returns once no write that read the old
+    /// mode is still running.
     pub(crate) fn set_serving_mode(&self, mode: CacheMode) {
+        let _no_write_running = self.mode_gate.write().unwrap_or_else(|p| p.into_inner());
         self.mode.store(mode_code(mode), Ordering::Release);
     }
 
@@ -845,6 +853,7 @@ impl Volume {
         if length == 0 {
             return Ok(());
         }
+        let _mode_fixed = self.mode_gate.read().unwrap_or_else(|p| p.into_inner());
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         let mode = self.mode();
@@ -854,7 +863,15 @@ impl Volume {
         }
         match mode {
             CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
-                self.write_through(offset, data, fua)
+                self.write_through(offset, data, fua)?;
+                drop(held);
+                if fua && self.dirty_possible() {
+                    // The write may have superseded dirty sectors (while a mode change drains
+                    // them): the journal must say so before the write counts as durable, or
+                    // recovery would bring the old data back.
+                    self.commit()?;
+                }
+                Ok(())
             }
             CacheMode::WriteBack if !bypass && self.caches_writes_back() => {
                 self.write_back(offset, data)?;
@@ -884,32 +901,16 @@ impl Volume {
         }
     }
 
-    /// Commits the journal. After a failed commit the dirty data in the cache may not be
-    /// durable: every flush fails while any of it is left, and the volume stops caching new
-    /// writes (they go to the backing device) until the cleaner has written it all back.
+    /// Commits the journal for a FLUSH or FUA. After a failed commit the dirty data in the
+    /// cache may not be durable: every such commit fails while any of it is left (checked by
+    /// the commit under the journal lock), and the volume stops caching new writes (they go to
+    /// the backing device) until the cleaner has written it all back.
     fn commit(&self) -> Result<()> {
-        // Cache-wide: the failed commit may have carried any volume's records.
-        if self.core.journal.failed() && self.core.map().total_dirty_lines() > 0 {
-            return Err(EngineError::CacheDevice {
-                device: self.core.dev.describe(),
-                source: std::io::Error::other(
-                    "an earlier metadata commit failed; dirty data in the cache may not be \
-                     durable until it is written back",
-                ),
-            });
+        let result = self.core.commit(CommitPurpose::Durability);
+        if let Err(EngineError::CacheDevice { source, .. }) = &result {
+            self.cache_failed(std::io::Error::new(source.kind(), source.to_string()));
         }
-        match self.core.commit() {
-            Ok(()) => {
-                self.core.journal.clear_failed();
-                Ok(())
-            }
-            Err(e) => {
-                if let EngineError::CacheDevice { source, .. } = &e {
-                    self.cache_failed(std::io::Error::new(source.kind(), source.to_string()));
-                }
-                Err(e)
-            }
-        }
+        result
     }
 
     /// To the backing device only; cached copies of the range are dropped after the write
@@ -947,36 +948,25 @@ impl Volume {
     /// line admission keeps out, that gets no line (the cache is full of dirty data) or whose
     /// cache write fails goes to the backing device instead (as write-around: the FLUSH or
     /// FUA that follows flushes the backing device too).
+    ///
+    /// Sectors of zeroes go to the backing device too: after an unclean stop a dirty sector
+    /// that reads as zeroes but whose recorded checksum says otherwise is taken for a lost
+    /// cache region (docs/design.md §4.8), so a zero sector must never be written in place
+    /// of dirty data the journal may still name.
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<()> {
         let mut hit = false;
         let now = self.core.now_secs();
         for seg in self.segments(offset, data.len() as u64) {
-            let part = &data[seg.buf_at..seg.buf_at + seg.len];
             if !self.admits(&seg) {
-                self.write_around(seg.offset, part, false)?;
+                self.write_around(seg.offset, &data[seg.buf_at..seg.buf_at + seg.len], false)?;
                 continue;
             }
-            let Some((slot, cached)) = self.slot_for(&seg)? else {
-                self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
-                self.write_around(seg.offset, part, false)?;
-                continue;
-            };
-            hit |= cached;
-            match self.core.dev.write_at(part, self.slot_offset(slot, &seg)) {
-                Ok(()) => {
-                    self.count(Counter::BytesToCache, seg.len as u64);
-                    let mut crcs = [0u32; MAX_SECTORS];
-                    let crcs = sector_crcs(part, &mut crcs);
-                    self.core
-                        .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
-                }
-                Err(e) => {
-                    // What the slot now holds for these sectors is unknown; the new data goes
-                    // to the backing device and supersedes any older dirty copy.
-                    self.cache_failed(e);
-                    self.write_backing(part, seg.offset, false)?;
-                    self.core
-                        .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
+            for (run, zeroes) in sector_runs(seg, data) {
+                let part = &data[run.buf_at..run.buf_at + run.len];
+                if zeroes {
+                    self.write_around(run.offset, part, false)?;
+                } else {
+                    hit |= self.write_back_segment(&run, part, now)?;
                 }
             }
         }
@@ -988,6 +978,34 @@ impl Volume {
             self.commit()?;
         }
         Ok(())
+    }
+
+    /// Writes one segment into its cache line, marked dirty. Returns whether the line was
+    /// cached already.
+    fn write_back_segment(&self, seg: &Segment, part: &[u8], now: u32) -> Result<bool> {
+        let Some((slot, cached)) = self.slot_for(seg)? else {
+            self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
+            self.write_around(seg.offset, part, false)?;
+            return Ok(false);
+        };
+        match self.core.dev.write_at(part, self.slot_offset(slot, seg)) {
+            Ok(()) => {
+                self.count(Counter::BytesToCache, seg.len as u64);
+                let mut crcs = [0u32; MAX_SECTORS];
+                let crcs = sector_crcs(part, &mut crcs);
+                self.core
+                    .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
+            }
+            Err(e) => {
+                // What the slot now holds for these sectors is unknown; the new data goes
+                // to the backing device and supersedes any older dirty copy.
+                self.cache_failed(e);
+                self.write_backing(part, seg.offset, false)?;
+                self.core
+                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
+            }
+        }
+        Ok(cached)
     }
 
     /// Makes every completed write durable: the backing device flushed and, when the cache
@@ -1073,6 +1091,37 @@ const COMMIT_BATCH: usize = 4096;
 
 /// Sectors in the largest line (1 MiB), for per-segment arrays on the stack.
 const MAX_SECTORS: usize = (ssdcache_format::MAX_LINE_SIZE / SECTOR_SIZE) as usize;
+
+/// Splits a segment into runs of whole sectors that are all zeroes in `data` (the request's
+/// buffer) and runs that are not: `(run, zeroes)`.
+fn sector_runs(seg: Segment, data: &[u8]) -> impl Iterator<Item = (Segment, bool)> + '_ {
+    let sector = SECTOR_SIZE as usize;
+    let is_zero = move |i: usize| {
+        let at = seg.buf_at + i * sector;
+        data[at..at + sector].iter().all(|&b| b == 0)
+    };
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= seg.sectors {
+            return None;
+        }
+        let zeroes = is_zero(i);
+        let end = (i + 1..seg.sectors)
+            .find(|&j| is_zero(j) != zeroes)
+            .unwrap_or(seg.sectors);
+        let run = Segment {
+            line: seg.line,
+            offset: seg.offset + (i * sector) as u64,
+            buf_at: seg.buf_at + i * sector,
+            len: (end - i) * sector,
+            first_sector: seg.first_sector + i,
+            sectors: end - i,
+            in_line: seg.in_line + (i * sector) as u64,
+        };
+        i = end;
+        Some((run, zeroes))
+    })
+}
 
 /// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
 pub(crate) fn sector_crcs<'a>(data: &[u8], out: &'a mut [u32; MAX_SECTORS]) -> &'a [u32] {
