@@ -406,11 +406,13 @@ fn load_state(
     match (sb.state, sb.checkpoint_seq) {
         (CacheState::Running, _) => {
             let began = Instant::now();
-            let replayed = journal::replay(dev, &sb.layout, start)?;
+            let replayed = journal::replay(dev, &sb.layout, start, &mut |slot, rec| {
+                apply_record(sb, map, slot, rec)
+            })?;
             if replayed.commits == 0 {
                 return Err(journal_lost(dev, sb));
             }
-            apply_journal(sb, map, &replayed.records)?;
+            map.rebuild_free_list();
             let (lines, bytes) = dirty_totals(sb, map);
             let recovery = RecoveryReport {
                 dirty_lines: lines,
@@ -453,23 +455,17 @@ fn journal_lost(dev: &dyn BlockDevice, sb: &Superblock) -> EngineError {
     ))
 }
 
-/// Applies replayed records in journal order; the last record of a slot wins, and a line
-/// recorded in a newer slot leaves its older one.
-fn apply_journal(sb: &Superblock, map: &mut MapState, records: &[(u32, LineRecord)]) -> Result<()> {
-    let mut last = std::collections::HashMap::new();
-    for (i, (slot, _)) in records.iter().enumerate() {
-        last.insert(*slot, i);
+/// Applies one replayed record (records come in journal order): it replaces whatever its slot
+/// held, and a line recorded in a newer slot leaves its older one, so the last record of each
+/// slot wins. Only dirty data is restored (clean lines are dropped after a crash).
+fn apply_record(sb: &Superblock, map: &mut MapState, slot: u32, rec: &LineRecord) -> Result<()> {
+    map.forget_slot(slot).map_err(metadata_inconsistent)?;
+    if rec.dirty.is_empty() || !record_fits(sb, rec) {
+        return Ok(());
     }
-    for (i, (slot, rec)) in records.iter().enumerate() {
-        if last.get(slot) != Some(&i) || rec.dirty.is_empty() || !record_fits(sb, rec) {
-            continue;
-        }
-        map.forget_line(rec.volume, rec.backing_line)
-            .and_then(|()| map.restore(*slot, rec, true))
-            .map_err(metadata_inconsistent)?;
-    }
-    map.rebuild_free_list();
-    Ok(())
+    map.forget_line(rec.volume, rec.backing_line)
+        .and_then(|()| map.restore(slot, rec, true))
+        .map_err(metadata_inconsistent)
 }
 
 fn metadata_inconsistent(Invariant(what): Invariant) -> EngineError {

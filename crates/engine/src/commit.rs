@@ -31,6 +31,10 @@ pub(crate) struct Backing {
     /// The value of `completed` read just before the last successful flush began: every write
     /// counted up to there is durable.
     flushed: AtomicU64,
+    /// A flush failed: the device may have dropped writes it covered, and no later flush can
+    /// bring them back, so every later flush fails too (a failed flush is never retried and
+    /// forgotten) until the daemon restarts.
+    flush_failed: AtomicBool,
 }
 
 impl Backing {
@@ -39,6 +43,7 @@ impl Backing {
             dev,
             completed: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
+            flush_failed: AtomicBool::new(false),
         }
     }
 
@@ -69,13 +74,31 @@ impl Backing {
     /// Makes every write that returned before this call durable; no device flush when none
     /// returned since the last flush that covered them.
     pub fn flush(&self) -> io::Result<()> {
+        if self.flush_failed() {
+            return Err(io::Error::other(
+                "an earlier flush of this device failed, so writes it covered may be lost and \
+                 no later flush can vouch for them; check the device, then restart the daemon",
+            ));
+        }
         let target = self.completed.load(Ordering::SeqCst);
         if self.flushed.load(Ordering::SeqCst) >= target {
             return Ok(());
         }
-        self.dev.flush()?;
+        if let Err(e) = self.dev.flush() {
+            self.flush_failed.store(true, Ordering::SeqCst);
+            tracing::error!(
+                "{}: flush failed ({e}); every later FLUSH of its volume fails until the daemon \
+                 restarts",
+                self.dev.describe()
+            );
+            return Err(e);
+        }
         self.flushed.fetch_max(target, Ordering::SeqCst);
         Ok(())
+    }
+
+    pub fn flush_failed(&self) -> bool {
+        self.flush_failed.load(Ordering::SeqCst)
     }
 }
 
@@ -370,16 +393,20 @@ mod tests {
         );
     }
 
+    /// After a failed flush the device may have dropped the writes it covered: a later flush
+    /// that succeeds would vouch for them wrongly, so every later flush fails.
     #[test]
-    fn a_failed_flush_is_issued_again() {
+    fn a_failed_flush_is_never_retried_and_forgotten() {
         let dev = Arc::new(CrashDevice::new("failing", 1 << 20));
         let backing = Backing::new(dev.clone());
         backing.write_at(&[3u8; 4096], 0).unwrap();
         dev.fail_flushes(true);
         assert!(backing.flush().is_err());
         dev.fail_flushes(false);
+        let flushes = dev.flush_count();
+        let err = backing.flush().unwrap_err();
+        assert!(err.to_string().contains("earlier flush"), "{err}");
+        assert_eq!(dev.flush_count(), flushes, "not issued again");
         assert_eq!(backing.flushed.load(Ordering::SeqCst), 0);
-        backing.flush().unwrap();
-        assert_eq!(backing.flushed.load(Ordering::SeqCst), 1);
     }
 }

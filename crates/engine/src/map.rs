@@ -280,6 +280,18 @@ impl MapState {
     /// Unmaps a slot. It goes back on the free list, or waits for the next commit when the
     /// durable metadata may still call it dirty.
     fn release(&mut self, slot: u32) -> Checked {
+        self.unmap(slot)?;
+        if self.maybe_durable_dirty[slot as usize] {
+            self.note_changed(slot);
+            self.pending_free.push(slot);
+        } else {
+            self.free.push(slot);
+        }
+        Ok(())
+    }
+
+    /// Empties a mapped slot: its line leaves the map, its bits and statistics go.
+    fn unmap(&mut self, slot: u32) -> Checked {
         let key = self.keys[slot as usize];
         check(key != NO_KEY, || format!("free slot {slot} released again"))?;
         let vol = usize::from(volume_of(key));
@@ -301,12 +313,6 @@ impl MapState {
         self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
-        if self.maybe_durable_dirty[slot as usize] {
-            self.note_changed(slot);
-            self.pending_free.push(slot);
-        } else {
-            self.free.push(slot);
-        }
         Ok(())
     }
 
@@ -683,12 +689,19 @@ impl MapState {
     /// Drops a line wherever it is, during recovery (nothing is durable-dirty yet).
     pub fn forget_line(&mut self, volume: u16, line: u64) -> Checked {
         match self.map.get(&line_key(volume, line)) {
-            Some(&slot) => {
-                self.maybe_durable_dirty[slot as usize] = false;
-                self.release(slot)
-            }
+            Some(&slot) => self.forget_slot(slot),
             None => Ok(()),
         }
+    }
+
+    /// Empties a slot wherever it stands, during recovery (nothing is durable-dirty yet; the
+    /// free list is rebuilt at the end, `rebuild_free_list`).
+    pub fn forget_slot(&mut self, slot: u32) -> Checked {
+        self.maybe_durable_dirty[slot as usize] = false;
+        if self.keys[slot as usize] == NO_KEY {
+            return Ok(());
+        }
+        self.unmap(slot)
     }
 
     /// Puts back the records of a commit that failed, so the next commit writes them.

@@ -82,6 +82,9 @@ pub enum VolumeState {
     /// Write-back after cache-device errors: new writes go to the backing device; dirty data
     /// still in the cache is at risk (reads of it fail rather than return stale data).
     CacheFailed,
+    /// The backing device failed a flush: writes it covered may be lost, so every FLUSH of the
+    /// volume fails until the daemon restarts (reads and writes go on).
+    BackingFlushFailed,
 }
 
 impl VolumeState {
@@ -90,6 +93,7 @@ impl VolumeState {
             VolumeState::Healthy => "healthy",
             VolumeState::PassThroughAfterErrors => "pass-through after cache errors",
             VolumeState::CacheFailed => "cache failed, dirty data at risk",
+            VolumeState::BackingFlushFailed => "backing device failed a flush, FLUSH refused",
         }
     }
 }
@@ -321,7 +325,11 @@ impl Volume {
             bytes_cached: o.sectors * SECTOR_SIZE,
             dirty_lines: o.dirty_lines,
             dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
-            state: self.state(),
+            state: if self.backing().flush_failed() {
+                VolumeState::BackingFlushFailed
+            } else {
+                self.state()
+            },
         }
     }
 
@@ -409,9 +417,10 @@ impl Volume {
 
     fn degrade(&self, state: VolumeState) {
         let code = match state {
-            VolumeState::Healthy => 0,
             VolumeState::PassThroughAfterErrors => 1,
             VolumeState::CacheFailed => 2,
+            // Not states of the cache device (the backing one's is read from it directly).
+            VolumeState::Healthy | VolumeState::BackingFlushFailed => return,
         };
         if self.state.swap(code, Ordering::AcqRel) != code {
             let dirty = self.core.map().occupancy(self.id).dirty_sectors * SECTOR_SIZE;
