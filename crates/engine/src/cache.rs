@@ -135,6 +135,11 @@ impl CacheCore {
         Mismatch::Damaged
     }
 
+    /// Returns once no commit is running (commits hold the journal for their whole length).
+    pub fn wait_for_commit_in_flight(&self) {
+        drop(self.journal.lock());
+    }
+
     /// Makes every write that returned from a backing device before this call durable.
     pub fn flush_backings(&self) -> Result<()> {
         for backing in &self.backings {

@@ -874,7 +874,7 @@ impl Volume {
             CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
                 self.write_through(offset, data, fua)?;
                 drop(held);
-                if fua && self.dirty_possible() {
+                if fua && self.needs_commit() {
                     // The write may have superseded dirty sectors (while a mode change drains
                     // them): the journal must say so before the write counts as durable, or
                     // recovery would bring the old data back.
@@ -893,7 +893,7 @@ impl Volume {
             _ => {
                 self.write_around(offset, data, fua)?;
                 drop(held);
-                if fua && self.dirty_possible() {
+                if fua && self.needs_commit() {
                     // The write may have superseded dirty data: the journal must say so before
                     // the write counts as durable, or recovery would bring the old data back.
                     self.commit()?;
@@ -901,6 +901,18 @@ impl Volume {
                 Ok(())
             }
         }
+    }
+
+    /// Whether a FLUSH or FUA must run a commit: the cache may hold dirty data, or a change to
+    /// it waits to be recorded. When neither shows, a commit another thread runs may still be
+    /// recording a change this request depends on (it took the change from the list): wait for
+    /// it to end, then look again (a failed one puts its changes back).
+    fn needs_commit(&self) -> bool {
+        if self.dirty_possible() {
+            return true;
+        }
+        self.core.wait_for_commit_in_flight();
+        self.dirty_possible()
     }
 
     fn dirty_possible(&self) -> bool {
@@ -1023,7 +1035,7 @@ impl Volume {
         self.core.check_running()?;
         self.count(Counter::Flushes, 1);
         self.flush_backing()?;
-        if self.dirty_possible() {
+        if self.needs_commit() {
             self.commit()?;
         }
         Ok(())
