@@ -604,6 +604,7 @@ pub(crate) fn dirty_per_volume(dev: &dyn BlockDevice, sb: &Superblock) -> Vec<u6
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let s = settings(args).map_err(crate::as_usage_error)?;
+    return_freed_buffers_to_the_system();
     // Before anything is opened: a signal during a long start (journal replay) is honoured
     // as soon as serving starts, with a clean stop, instead of killing the process midway.
     let stops = StopEvents::install()?;
@@ -1032,6 +1033,21 @@ fn finish_recording(recorder: &Recorder) {
     match &st.error {
         Some(e) => tracing::warn!("{summary}; recording failed: {e}"),
         None => tracing::info!("{summary}; {}", st.state),
+    }
+}
+
+/// Makes glibc give request buffers back when they are freed. By default glibc raises its
+/// mmap threshold to the size of each large block freed (up to 32 MiB), after which blocks of
+/// that size come from heap arenas that thousands of worker threads fragment and never shrink:
+/// measured under 64 connections × 32 requests, the daemon's resident memory grew to 1.4–3 GiB
+/// against a 256 MiB request budget. A fixed threshold keeps every block of 128 KiB or more in
+/// its own mapping, returned at free.
+fn return_freed_buffers_to_the_system() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes an allocator tunable; it is called before the daemon starts
+    // any thread, and M_MMAP_THRESHOLD with this value is documented as valid.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 

@@ -50,14 +50,6 @@ pub enum Counter {
     ChecksumErrors,
 }
 
-thread_local! {
-    /// One line of scratch space per thread for whole-line fills (no allocation per miss).
-    static LINE_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
-    /// Cached sectors being checked before they are laid over a backing read (a fill's line
-    /// scratch may be in use further up the stack).
-    static OVERLAY_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
-}
-
 /// The part of a request that falls in one cache line.
 #[derive(Debug, Clone, Copy)]
 struct Segment {
@@ -683,27 +675,24 @@ impl Volume {
         run: &mut [u8],
         crcs: &[u32],
     ) -> Result<()> {
-        OVERLAY_SCRATCH.with(|scratch| {
-            let mut cached = scratch.borrow_mut();
-            cached.resize_discarding(run.len());
-            let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
-            if let Err(e) = self.core.dev.read_at(&mut cached, from) {
-                // `run` still holds the backing device's copy, right for clean sectors.
-                self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
-                return Ok(());
+        let mut cached = AlignedBuf::zeroed(run.len());
+        let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
+        if let Err(e) = self.core.dev.read_at(&mut cached, from) {
+            // `run` still holds the backing device's copy, right for clean sectors.
+            self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
+            return Ok(());
+        }
+        let sectors = run
+            .chunks_mut(SECTOR_SIZE as usize)
+            .zip(cached.chunks(SECTOR_SIZE as usize));
+        for (i, (out, sector)) in sectors.enumerate() {
+            // A clean sector that fails is dropped: the backing copy in `out` stays.
+            if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
+                out.copy_from_slice(sector);
+                self.count(Counter::BytesFromCache, SECTOR_SIZE);
             }
-            let sectors = run
-                .chunks_mut(SECTOR_SIZE as usize)
-                .zip(cached.chunks(SECTOR_SIZE as usize));
-            for (i, (out, sector)) in sectors.enumerate() {
-                // A clean sector that fails is dropped: the backing copy in `out` stays.
-                if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
-                    out.copy_from_slice(sector);
-                    self.count(Counter::BytesFromCache, SECTOR_SIZE);
-                }
-            }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
@@ -746,19 +735,17 @@ impl Volume {
     /// used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
     fn read_missing_partial_line(&self, seg: &Segment, buf: &mut [u8]) -> Result<()> {
         let whole = self.whole_line(seg.line);
-        let filled = LINE_SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            scratch.resize_discarding(whole.len);
-            self.read_backing(&mut scratch, whole.offset)?;
-            if self.overlay_cached(whole.offset, &mut scratch).is_err() {
-                // Dirty data elsewhere in the line is unreadable: serve just the request.
-                return Ok(false);
-            }
+        // Allocated per miss, not kept per thread: a server runs thousands of worker threads,
+        // and a miss waits for the disk anyway.
+        let mut scratch = AlignedBuf::zeroed(whole.len);
+        self.read_backing(&mut scratch, whole.offset)?;
+        // Dirty data elsewhere in the line that is unreadable: serve just the request.
+        let filled = self.overlay_cached(whole.offset, &mut scratch).is_ok();
+        if filled {
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
             self.fill(&whole, &scratch)?;
-            Ok::<bool, EngineError>(true)
-        })?;
+        }
         if !filled {
             self.read_backing(buf, seg.offset)?;
             self.overlay_cached(seg.offset, buf)?;
