@@ -31,6 +31,7 @@
 //! connection. [`Server::shutdown`] stops accepting and reading, lets
 //! requests already read finish and be answered, then closes connections.
 
+pub mod client;
 mod connection;
 pub mod handshake;
 pub mod proto;
