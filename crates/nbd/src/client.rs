@@ -491,32 +491,41 @@ impl<S: NbdStream, T> RequestSender<S, T> {
     /// Waits until a request can be sent without waiting; fails if the
     /// connection closed or no slot freed within the I/O timeout.
     pub fn wait_for_slot(&self) -> Result<(), ClientError> {
-        let deadline = self.slot_timeout.map(|t| Instant::now() + t);
+        let capacity = self.in_flight.capacity;
+        self.wait_while(|requests| requests >= capacity)
+    }
+
+    /// Waits while `busy(requests in flight)`; each reply that arrives restarts the timeout.
+    fn wait_while(&self, busy: impl Fn(usize) -> bool) -> Result<(), ClientError> {
         let mut state = self.in_flight.lock();
         loop {
+            if !busy(state.requests.len()) {
+                return Ok(());
+            }
             if state.closed {
                 let in_flight = state.requests.len();
                 return Err(ClientError::Closed { in_flight });
             }
-            if state.requests.len() < self.in_flight.capacity {
-                return Ok(());
-            }
-            state = match deadline {
-                None => self
-                    .in_flight
-                    .slot_freed
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(ClientError::SlotTimeout(self.slot_timeout.unwrap_or(left)));
+            let freed = &self.in_flight.slot_freed;
+            state = match self.slot_timeout {
+                None => freed.wait(state).unwrap_or_else(PoisonError::into_inner),
+                Some(timeout) => {
+                    let (state, waited) = freed
+                        .wait_timeout(state, timeout)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if waited.timed_out() && busy(state.requests.len()) && !state.closed {
+                        return Err(ClientError::SlotTimeout(timeout));
                     }
-                    let waited = self.in_flight.slot_freed.wait_timeout(state, left);
-                    waited.unwrap_or_else(PoisonError::into_inner).0
+                    state
                 }
             };
         }
+    }
+
+    /// Waits until every request sent has been answered (or the connection closed, or no
+    /// reply came within the I/O timeout).
+    pub fn wait_until_idle(&self) -> Result<(), ClientError> {
+        self.wait_while(|requests| requests > 0)
     }
 
     /// Checks and sends `request`; `tag` comes back with its reply. Waits
@@ -658,7 +667,7 @@ impl<S: NbdStream, T> ReplyReceiver<S, T> {
                 "reply to cookie {cookie:#x}, which has no request in flight"
             )));
         };
-        self.in_flight.slot_freed.notify_one();
+        self.in_flight.slot_freed.notify_all();
         if error == 0 && request.command == Command::Read {
             // The length was checked against max_request when sent.
             data.resize(request.length as usize, 0);
