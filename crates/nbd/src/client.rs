@@ -231,13 +231,16 @@ impl<T> InFlight<T> {
     }
 }
 
+/// The two halves of a connection in transmission, for two threads.
+pub type Connection<S, T> = (RequestSender<S, T>, ReplyReceiver<S, T>);
+
 /// Negotiates `export_name` with `NBD_OPT_GO` and returns the two halves of
 /// the transmission phase.
 pub fn connect<S: NbdStream, T>(
     mut stream: S,
     export_name: &str,
     config: &ClientConfig,
-) -> Result<(RequestSender<S, T>, ReplyReceiver<S, T>), ClientError> {
+) -> Result<Connection<S, T>, ClientError> {
     if config.max_in_flight == 0 {
         return Err(ClientError::InvalidRequest(
             "max_in_flight must be at least 1".into(),

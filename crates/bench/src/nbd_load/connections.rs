@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ssdcache_device::SplitMix64;
 use ssdcache_nbd::client::{
-    connect, ClientConfig, ClientError, ExportDetails, ReplyReceiver, Request, RequestSender,
+    connect, ClientConfig, ClientError, Connection, ExportDetails, ReplyReceiver, Request,
+    RequestSender,
 };
 use ssdcache_nbd::Command;
 
@@ -59,7 +60,7 @@ pub struct Plan<'a> {
     pub seed: u64,
 }
 
-type Halves<T> = (RequestSender<UnixStream, T>, ReplyReceiver<UnixStream, T>);
+type Halves<T> = Connection<UnixStream, T>;
 
 /// Opens every connection (the handshakes, in turn) before any request is sent.
 pub fn open<T>(plan: &Plan<'_>) -> Result<(Vec<Halves<T>>, ExportDetails)> {

@@ -210,7 +210,8 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         args.mix,
         args.fua_percent
     );
-    let workload = LoadWorkload::new(Model::new(snapshot), load_plan, plan.connections);
+    let model = Model::new(snapshot, args.expect_kill);
+    let workload = LoadWorkload::new(model, load_plan, plan.connections);
     let started = Instant::now();
     let progress = |workload: &LoadWorkload| {
         let secs = started.elapsed().as_secs_f64();

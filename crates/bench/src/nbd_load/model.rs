@@ -146,11 +146,15 @@ pub struct Model {
     completed: u64,
     /// Every change numbered up to this is durable (the newest acknowledged FLUSH's mark).
     durable_upto: u64,
+    /// Keep each block's changes since its last durable one, for a check after a crash. This
+    /// is what bounds the model's memory: one entry per block, plus one per change not yet
+    /// covered by a FLUSH or FUA. Without it only the current state is kept.
+    track_durability: bool,
 }
 
 impl Model {
     /// A model where every block holds `snapshot`'s allowed values, all durable.
-    pub fn new(snapshot: Snapshot) -> Model {
+    pub fn new(snapshot: Snapshot, track_durability: bool) -> Model {
         let blocks = snapshot
             .blocks
             .into_iter()
@@ -169,6 +173,7 @@ impl Model {
             next_version: snapshot.next_version,
             completed: 0,
             durable_upto: 0,
+            track_durability,
         }
     }
 
@@ -233,6 +238,8 @@ impl Model {
     pub fn end_change(&mut self, first: u64, count: u64, fua: bool) {
         self.completed += 1;
         let (completed, durable_upto) = (self.completed, self.durable_upto);
+        // Without durability tracking every state is as good as durable: keep only the last.
+        let fua = fua || !self.track_durability;
         let Some(range) = self.range(first, count) else {
             return;
         };
@@ -262,8 +269,9 @@ impl Model {
                 block.history.push(Entry {
                     allowed: either,
                     completed,
-                    durable: false,
+                    durable: !self.track_durability,
                 });
+                prune(block, self.durable_upto);
             }
         }
     }
@@ -290,7 +298,8 @@ impl Model {
     }
 
     /// What each block may read as after a crash now: its last durable state or anything
-    /// after it, including changes in flight.
+    /// after it, including changes in flight. Needs durability tracking (else it is only the
+    /// current state).
     pub fn snapshot_after_crash(&self) -> Snapshot {
         let durable_upto = self.durable_upto;
         self.snapshot(|block| {
@@ -459,7 +468,7 @@ mod tests {
     use super::*;
 
     fn model(blocks: u64) -> Model {
-        Model::new(Snapshot::zeroed(blocks, 1))
+        Model::new(Snapshot::zeroed(blocks, 1), true)
     }
 
     #[test]
@@ -511,6 +520,17 @@ mod tests {
         );
         assert_eq!(crash.blocks[2], Allowed::zero());
         assert_eq!(m.snapshot_now().blocks[0].versions, vec![v2, v3]);
+    }
+
+    #[test]
+    fn without_durability_tracking_only_the_last_state_is_kept() {
+        let mut m = Model::new(Snapshot::zeroed(1, 1), false);
+        for _ in 0..100 {
+            m.try_change(0, 1, Change::Write).unwrap();
+            m.end_change(0, 1, false);
+        }
+        assert_eq!(m.blocks[0].history.len(), 1);
+        assert_eq!(m.snapshot_after_crash().blocks[0], Allowed::data(100));
     }
 
     #[test]
