@@ -7,14 +7,15 @@
 # plus the per-connection and fixed parts below), nothing was logged at ERROR, a SIGTERM and a
 # restart keep every block; a second load is cut by kill -9, and after the restart every block
 # holds its last write acknowledged before a completed FLUSH (or FUA), or a later one, and
-# reads the same after one more restart.
+# reads the same after one more restart. Last, after `ssdcache detach` the backing file alone
+# (served by nbdkit) reads the same, and a byte flipped in it is reported.
 #
 #   LOAD_SECONDS=25  LOAD_CONNECTIONS=64  LOAD_DEPTH=32  LOAD_SEED=<n> (to reproduce)
 #   LOAD_EXPORT=1G  LOAD_CACHE=128M  LOAD_REQUEST_MEMORY_MIB=256
 #   LOAD_MEMORY_PER_CONNECTION_MIB=1  LOAD_MEMORY_FIXED_MIB=64   (the allowances of the bound)
 #   SSDCACHE_BENCH_BIN (default: ssdcache-bench beside SSDCACHE_BIN)
 source "$(dirname "$0")/lib.sh"
-require_tool truncate timeout jq nbdinfo
+require_tool truncate timeout jq nbdinfo nbdkit dd
 require_bin
 BENCH_BIN=${SSDCACHE_BENCH_BIN:-$(dirname "$SSDCACHE_BIN")/ssdcache-bench}
 [[ -x "$BENCH_BIN" ]] || fail "ssdcache-bench not found or not executable: $BENCH_BIN (cargo build --release -p ssdcache-bench, or set SSDCACHE_BENCH_BIN)"
@@ -127,4 +128,21 @@ start_server "$sock" "${SERVE_ARGS[@]}"
 run_bench verify.e.out 300 nbd-verify --socket "$sock" --model-in model.d
 log "after one more restart: $(grep '^read-back:' verify.e.out | tr '\n' ' ')"
 stop_server
+
+# ---- 4. after detach the backing file alone holds it all; a planted error is caught ----
+out=$(timeout -k 5 300 "$SSDCACHE_BIN" detach --cache cache.img 2>&1) || fail "ssdcache detach failed: $out"
+file_sock="$TEST_DIR/file.sock"
+nbdkit --foreground --unix "$file_sock" file file=backing.img >nbdkit.log 2>&1 &
+_PIDS+=("$!")
+for ((i = 0; i < 100; i++)); do [[ -S "$file_sock" ]] && break; sleep 0.1; done
+[[ -S "$file_sock" ]] || fail "nbdkit did not come up: $(cat nbdkit.log)"
+run_bench verify.f.out 300 nbd-verify --socket "$file_sock" --model-in model.d
+log "the backing file alone after detach: $(grep '^read-back:' verify.f.out | tr '\n' ' ')"
+block=$(awk 'NR > 4 && NF == 2 && $2 ~ /^[0-9]+$/ { print $1; exit }' model.d)
+[[ -n "$block" ]] || fail "model.d names no block holding data"
+printf '\xff' | dd of=backing.img bs=1 seek=$((block * 4096 + 1000)) conv=notrunc status=none
+expect_fail_run out 300 env RUST_BACKTRACE=0 "$BENCH_BIN" nbd-verify --socket "$file_sock" --model-in model.d
+grep -q "VERIFY ERROR: read-back: block $block .*damaged" <<<"$out" ||
+    fail "a byte flipped in block $block was not reported: $(tail -n 20 <<<"$out")"
+log "a byte flipped in block $block of the backing file is caught"
 log "ok: LOAD_SEED=$SEED, $requests requests verified under load, memory within $((bound / MIB)) MiB, durable data kept across kill -9"
