@@ -44,6 +44,7 @@
 //! a connection open.
 
 mod buffers;
+pub mod client;
 mod connection;
 pub mod handshake;
 pub mod proto;
