@@ -12,7 +12,7 @@
 #
 #   LOAD_SECONDS=25  LOAD_CONNECTIONS=64  LOAD_DEPTH=32  LOAD_SEED=<n> (to reproduce)
 #   LOAD_EXPORT=1G  LOAD_CACHE=128M  LOAD_REQUEST_MEMORY_MIB=256
-#   LOAD_MEMORY_PER_CONNECTION_MIB=1  LOAD_MEMORY_FIXED_MIB=64   (the allowances of the bound)
+#   LOAD_MEMORY_PER_CONNECTION_KIB=2304  LOAD_MEMORY_FIXED_MIB=64   (the allowances of the bound)
 #   SSDCACHE_BENCH_BIN (default: ssdcache-bench beside SSDCACHE_BIN)
 source "$(dirname "$0")/lib.sh"
 require_tool truncate timeout jq nbdinfo nbdkit dd
@@ -30,17 +30,20 @@ SEED=${LOAD_SEED:-$(( $(date +%s) % 1000000 ))}
 MIB=$((1024 * 1024))
 log "LOAD_SEED=$SEED: $CONNECTIONS connections × depth $DEPTH for ${LOAD_SECONDS}s, export $EXPORT_SIZE, cache $CACHE_SIZE"
 
-# The memory bound comes from the server's own documentation: --request-memory bounds every
-# request buffer (in use or kept); each connection adds a 256 KiB read-ahead buffer and the
-# touched stacks of its worker threads (allowed: 1 MiB per connection); the engine and the
-# allocator need a fixed amount on top of what the daemon holds at rest (allowed: 64 MiB).
+# The memory bound is the one docs/design.md §6.1 documents: --request-memory bounds every
+# request buffer (in use or kept); each connection adds a 256 KiB read-ahead buffer, and each
+# of its worker threads its touched stack and, while its request misses, one cache line (64 KiB
+# lines, 32 threads by default: 2.25 MiB a connection in all); the cleaner holds at most 32
+# merged writes of 4 MiB (128 MiB); the engine's commits and the allocator need a fixed amount
+# on top of what the daemon holds at rest (allowed: 64 MiB).
 help=$("$SSDCACHE_BIN" serve --help 2>&1) || fail "ssdcache serve --help failed: $help"
 grep -q -- '--request-memory' <<<"$help" ||
     fail "serve --help documents no --request-memory: the NBD server has no memory bound to hold it to (issue #10 item 6)"
 grep -q -- '--max-connections' <<<"$help" ||
     fail "serve --help documents no --max-connections (issue #10 item 6)"
 request_memory_bytes=$((REQUEST_MEMORY_MIB * MIB))
-PER_CONNECTION=$((${LOAD_MEMORY_PER_CONNECTION_MIB:-1} * MIB))
+PER_CONNECTION=$((${LOAD_MEMORY_PER_CONNECTION_KIB:-2304} * 1024))
+CLEANER=$((128 * MIB))
 FIXED=$((${LOAD_MEMORY_FIXED_MIB:-64} * MIB))
 
 mk_sparse backing.img "$EXPORT_SIZE"
@@ -53,8 +56,8 @@ start_server "$sock" "${SERVE_ARGS[@]}"
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 sleep 1
 baseline=$(( $(rss_kib "$SERVER_PID") * 1024 ))
-bound=$((baseline + request_memory_bytes + CONNECTIONS * PER_CONNECTION + FIXED))
-log "memory bound: $((baseline / MIB)) MiB at rest + $((request_memory_bytes / MIB)) MiB request memory + $CONNECTIONS × $((PER_CONNECTION / MIB)) MiB + $((FIXED / MIB)) MiB = $((bound / MIB)) MiB"
+bound=$((baseline + request_memory_bytes + CONNECTIONS * PER_CONNECTION + CLEANER + FIXED))
+log "memory bound: $((baseline / MIB)) MiB at rest + $((request_memory_bytes / MIB)) MiB request memory + $CONNECTIONS × $((PER_CONNECTION / 1024)) KiB + $((CLEANER / MIB)) MiB cleaner + $((FIXED / MIB)) MiB = $((bound / MIB)) MiB"
 
 # run_bench OUTFILE TIMEOUT ARGS...: bounded; fails the test with the output unless it ends "result: ok".
 run_bench() {
