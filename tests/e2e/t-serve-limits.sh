@@ -53,6 +53,14 @@ grep -q '3 connections are open, the server.s limit' "$SERVER_LOG" ||
 timeout -k 5 10 nbdinfo --size "$(nbd_uri "$SOCK")" >/dev/null 2>&1 &&
     fail "a fourth client got through while 3 sessions are open"
 stop_helper
+# The helper's sockets are closed by the kernel; the server notices on its next read. Wait (bounded) for
+# the three close lines before connecting, or the fifth client can race the server's bookkeeping.
+for ((i = 0; i < 100; i++)); do
+    (($(grep -c 'NBD connection closed' "$SERVER_LOG" || true) >= 3)) && break
+    sleep 0.1
+done
+(($(grep -c 'NBD connection closed' "$SERVER_LOG" || true) >= 3)) ||
+    fail "the server did not notice the 3 sessions closing within 10 s"
 size=$(timeout -k 5 30 nbdinfo --size "$(nbd_uri "$SOCK")") || fail "no client could connect after the sessions closed"
 assert_eq "$size" $((1024 * M)) "export size once the places are free"
 stop_server

@@ -96,6 +96,9 @@ pub(crate) fn serve<S: NbdStream>(
     let peer = stream.peer_label();
     info!(%peer, "NBD connection opened");
     let result = run(shared, stream, start, &peer);
+    // Free the connection's place before saying so: a client that reads the
+    // log line and reconnects must find it free.
+    drop(registration);
     match &result {
         Ok(()) => info!(%peer, "NBD connection closed"),
         Err(
@@ -107,7 +110,6 @@ pub(crate) fn serve<S: NbdStream>(
         }
         Err(error) => info!(%error, "NBD connection closed"),
     }
-    drop(registration);
     result
 }
 
