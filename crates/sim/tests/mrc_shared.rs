@@ -18,11 +18,8 @@
 
 mod common;
 
-#[path = "common/shared_traces.rs"]
-mod shared_traces;
-
 use common::shared;
-use shared_traces::SHARED_TRACES;
+use common::shared_traces::SHARED_TRACES;
 use ssdcache_sim::mrc::{
     evenly_spaced_sizes, mean_absolute_error, Correction, CurvePoint, ExactMrc, Sampling, ShardsMrc,
 };
@@ -90,6 +87,7 @@ const LIBCACHESIM_LRU: &[(&str, u64, f64)] = &[
 ];
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "SSDCACHE_TRACES not set: shared-trace test")]
 fn shards_error_on_every_shared_trace() {
     let mut report = Vec::new();
     for &(relative, format) in SHARED_TRACES {
@@ -169,6 +167,7 @@ fn shards_error_on_every_shared_trace() {
 
 /// Every LIRS trace in the shared directory is in the list the measurements cover.
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "SSDCACHE_TRACES not set: shared-trace test")]
 fn every_lirs_trace_is_measured() {
     let directory = shared("lirs/README");
     let directory = directory.parent().expect("a file has a directory");

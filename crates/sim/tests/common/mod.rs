@@ -2,21 +2,13 @@
 #![allow(dead_code)]
 
 pub mod samples;
+pub mod shared_traces;
 
 use std::path::{Path, PathBuf};
 
 use ssdcache_sim::trace::{self, Format, Op, OpenOptions, Request, Trace, TraceError};
 
-/// The shared traces sit beside the checkout; a missing file fails the test that needs it.
-pub fn shared(relative: &str) -> PathBuf {
-    let path = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/traces"
-    ))
-    .join(relative);
-    assert!(path.is_file(), "shared trace {} is missing", path.display());
-    path
-}
+pub use shared_traces::shared_trace as shared;
 
 /// Writes `bytes` to a file `name` in `dir`.
 pub fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {

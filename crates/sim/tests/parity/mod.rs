@@ -3,6 +3,9 @@
 //! pass per shared trace over the same 4 KiB block references.
 #![allow(dead_code)]
 
+#[path = "../common/shared_traces.rs"]
+mod shared_traces;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -14,7 +17,6 @@ pub const REFERENCE_CSV: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../bench/libcachesim/reference.csv"
 );
-pub const TRACES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces");
 pub const LINE_SIZE: u64 = 4096;
 
 /// One row of reference.csv.
@@ -89,11 +91,10 @@ pub fn format_of(trace: &str) -> Option<Format> {
     })
 }
 
-/// The trace file; panics (fails the test) when it is missing.
+/// The shared trace file; panics (fails the test) when `SSDCACHE_TRACES` is not set or the
+/// file is missing.
 pub fn trace_path(trace: &str) -> PathBuf {
-    let path = Path::new(TRACES_DIR).join(trace);
-    assert!(path.is_file(), "shared trace {} is missing", path.display());
-    path
+    shared_traces::shared_trace(trace)
 }
 
 /// A cache that counts exactly libCacheSim's block references: every 4 KiB block a request
