@@ -29,7 +29,7 @@ use ssdcache_sim::record::{volume_hash, Sampler};
 use ssdcache_sim::trace::{self, block_keys, Format, Request};
 use std::collections::HashSet;
 use std::error::Error;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;

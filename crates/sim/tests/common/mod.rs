@@ -1,14 +1,20 @@
 //! Shared by the trace tests: where the shared traces are, and reading a whole trace.
 #![allow(dead_code)]
 
+pub mod codec;
 pub mod samples;
+pub mod shards;
 pub mod shared_traces;
+pub mod synthetic;
 
 use std::path::{Path, PathBuf};
 
 use ssdcache_sim::trace::{self, Format, Op, OpenOptions, Request, Trace, TraceError};
 
-pub use shared_traces::shared_trace as shared;
+/// `relative` in the shared traces folder (see `shared_traces::shared_trace`).
+pub fn shared(relative: &str) -> PathBuf {
+    shared_traces::shared_trace(relative)
+}
 
 /// Writes `bytes` to a file `name` in `dir`.
 pub fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {

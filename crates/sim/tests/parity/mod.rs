@@ -1,10 +1,12 @@
-//! Shared by the libCacheSim parity test and the `parity_table` example: the reference miss
-//! ratios of libCacheSim's `cachesim` (`bench/libcachesim/reference.csv`) and one simulator
-//! pass per shared trace over the same 4 KiB block references.
+//! Shared by the libCacheSim parity tests and the `parity_table` example: the reference miss
+//! ratios of libCacheSim's `cachesim` (`bench/libcachesim/reference.csv` on the shared traces,
+//! `synthetic.csv` on the synthetic ones) and one simulator pass per trace over the same 4 KiB
+//! block references.
 #![allow(dead_code)]
 
-#[path = "../common/shared_traces.rs"]
-mod shared_traces;
+// Where the shared traces are: `tests/common/shared_traces.rs`, which every includer of this
+// module has at its root.
+use super::shared_traces;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,12 @@ use ssdcache_sim::trace::{self, Format};
 pub const REFERENCE_CSV: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../bench/libcachesim/reference.csv"
+);
+/// libCacheSim's miss ratios on the synthetic traces (`bench/libcachesim/synthetic`), which a
+/// clone of the repository alone can check.
+pub const SYNTHETIC_CSV: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../bench/libcachesim/synthetic.csv"
 );
 pub const LINE_SIZE: u64 = 4096;
 
@@ -127,12 +135,22 @@ pub fn simulate_trace(
     jobs: usize,
 ) -> Result<Vec<Outcome>, String> {
     let format = format_of(trace).ok_or_else(|| format!("{trace}: no reader chosen for it"))?;
-    let path = trace_path(trace);
-    let requests = trace::open(&path, format).map_err(|e| e.to_string())?;
+    simulate_file(&trace_path(trace), format, caches, jobs)
+}
+
+/// Runs every (policy, size) over one pass of the trace file `path` read as `format`.
+pub fn simulate_file(
+    path: &Path,
+    format: Format,
+    caches: &[(String, u64)],
+    jobs: usize,
+) -> Result<Vec<Outcome>, String> {
+    let name = path.display();
+    let requests = trace::open(path, format).map_err(|e| e.to_string())?;
     let configs: Vec<SimConfig> = caches.iter().map(|(p, n)| config(p, *n)).collect();
     let results = simulate::run(requests, &configs, jobs)
-        .map_err(|e| format!("{trace}: {e}"))?
-        .map_err(|e| format!("{trace}: {e}"))?;
+        .map_err(|e| format!("{name}: {e}"))?
+        .map_err(|e| format!("{name}: {e}"))?;
     Ok(results
         .into_iter()
         .map(|r| Outcome {
