@@ -139,9 +139,11 @@ start_server() {
     SOCK=$sock
     local i
     for ((i = 0; i < SERVER_START_TIMEOUT * 10; i++)); do
+        # Ready once it accepts: serve binds its sockets before it opens the cache, so the
+        # socket file alone does not mean the cache is open (its log says so first).
         if [[ -n "${KEEP_STALE_SOCKET:-}" ]]; then
             timeout 5 nbdinfo --size "$(nbd_uri "$sock")" >/dev/null 2>&1 && return 0
-        elif [[ -S "$sock" ]]; then
+        elif [[ -S "$sock" ]] && grep -q "accepting connections" "$SERVER_LOG"; then
             return 0
         fi
         if ! _is_ours_alive "$SERVER_PID"; then
@@ -233,6 +235,21 @@ stderr: $err"
     grep -Eqi -- "$re" <<<"$err" || fail "$desc: stderr does not match /$re/: $*
 stderr: $err"
     log "$desc: refused as expected (status $rc): $(head -c 200 <<<"$err" | tr '\n' ' ')"
+}
+
+# expect_status STATUS DESC REGEX CMD...: CMD (bounded) exits with exactly STATUS and prints on
+# stderr a message matching REGEX (case-insensitive); the stderr is left in $TEST_DIR/es.err.
+expect_status() {
+    local want=$1 desc=$2 re=$3 rc=0 err
+    shift 3
+    timeout -k 5 30 "$@" >"$TEST_DIR/es.out" 2>"$TEST_DIR/es.err" </dev/null || rc=$?
+    err=$(cat "$TEST_DIR/es.err")
+    [[ $rc -eq $want ]] || fail "$desc: expected exit status $want, got $rc: $*
+stdout: $(head -c 2000 "$TEST_DIR/es.out")
+stderr: $err"
+    grep -Eqi -- "$re" <<<"$err" || fail "$desc: stderr does not match /$re/: $*
+stderr: $err"
+    log "$desc: status $rc as expected: $(head -c 200 <<<"$err" | tr '\n' ' ')"
 }
 
 assert_eq() { # assert_eq ACTUAL EXPECTED DESC

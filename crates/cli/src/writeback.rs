@@ -15,7 +15,7 @@ use ssdcache_engine::{Cache, CleanerConfig, OpenReport};
 use ssdcache_format::{CacheMode, Superblock};
 
 use crate::control;
-use crate::devices::open_device;
+use crate::devices::{open_device, read_cache};
 use crate::size::human;
 use crate::ModeArg;
 
@@ -24,12 +24,19 @@ pub struct FlushArgs {
     /// Cache device or file
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
-    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    /// Control socket of the running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Where a volume's backing device is now, when flushing offline (repeatable)
     #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
     backing: Vec<(String, PathBuf)>,
+    /// Give up dirty data that fails its checksum or cannot be read back from the cache
+    /// device (the cache lost or damaged it; without this flag nothing is written back while
+    /// any is found, and the error names the ranges). That data is lost: the backing device
+    /// keeps its older contents there. Everything else is written back.
+    #[arg(long)]
+    discard_damaged: bool,
 }
 
 #[derive(Args)]
@@ -40,6 +47,12 @@ pub struct DetachArgs {
     /// Where a volume's backing device is now, if it moved (repeatable)
     #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
     backing: Vec<(String, PathBuf)>,
+    /// Give up dirty data that fails its checksum or cannot be read back from the cache
+    /// device (the cache lost or damaged it; without this flag nothing is written back while
+    /// any is found, and the error names the ranges). That data is lost: the backing device
+    /// keeps its older contents there. Everything else is written back.
+    #[arg(long)]
+    discard_damaged: bool,
 }
 
 #[derive(Args)]
@@ -58,6 +71,12 @@ pub struct RecoverArgs {
     /// that holds a copy of the old one)
     #[arg(long)]
     force: bool,
+    /// Give up dirty data that fails its checksum or cannot be read back from the cache
+    /// device (the cache lost or damaged it; without this flag nothing is written back while
+    /// any is found, and the error names the ranges). That data is lost: the backing device
+    /// keeps its older contents there. Everything else is written back.
+    #[arg(long)]
+    discard_damaged: bool,
 }
 
 #[derive(Args)]
@@ -71,7 +90,8 @@ pub struct SetModeArgs {
     /// Volume to change [default: the cache's first volume]
     #[arg(long, value_name = "NAME")]
     volume: Option<String>,
-    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    /// Control socket of the running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
 }
@@ -151,15 +171,68 @@ impl Progress {
     }
 }
 
+/// The superblock, to find the daemon (a damaged copy is reported when the cache is opened).
 fn read_sb(path: &Path) -> Result<Superblock> {
-    let dev = open_device(path, "cache", false, false)?;
-    Ok(ssdcache_engine::read_superblock(&*dev)?)
+    Ok(read_cache(path)?.1.superblock)
 }
 
-fn daemon_path(sb: &Superblock, given: &Option<PathBuf>) -> PathBuf {
-    given
+/// Asks the daemon: the one at --control if given (which must answer), else the one serving
+/// the cache, if any (`None`: no daemon serves it).
+fn ask_daemon(
+    sb: &Superblock,
+    given: &Option<PathBuf>,
+    request: &str,
+) -> Result<Option<(PathBuf, serde_json::Value)>> {
+    let path = given
         .clone()
-        .unwrap_or_else(|| control::default_path(&sb.cache_uuid))
+        .unwrap_or_else(|| control::default_path(&sb.cache_uuid));
+    match control::query(&path, request)? {
+        Some(answer) => Ok(Some((path, answer))),
+        None if given.is_some() => bail!(
+            "no daemon answers on control socket {} (given with --control); start the daemon, \
+             or leave --control out to use the daemon serving the cache, or the cache offline \
+             when none does",
+            path.display()
+        ),
+        None => Ok(None),
+    }
+}
+
+/// Refuses a `--backing NAME=PATH` for a volume the cache does not have (a typo would
+/// otherwise be ignored and the recorded path used).
+fn check_backing_names(sb: &Superblock, overrides: &[(String, PathBuf)]) -> Result<()> {
+    for (name, path) in overrides {
+        if sb.volume_by_name(name).is_none() {
+            let known: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
+            return Err(crate::usage_error(format!(
+                "--backing {name}={}: the cache has no volume '{name}' (its volumes: {})",
+                path.display(),
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The index of the volume named by --volume (default: the first), refusing an unknown name.
+fn volume_index(sb: &Superblock, given: Option<&str>) -> Result<usize> {
+    let Some(name) = given else {
+        return if sb.volumes.is_empty() {
+            bail!("the cache has no volume")
+        } else {
+            Ok(0)
+        };
+    };
+    sb.volumes
+        .iter()
+        .position(|v| v.name == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
+            crate::usage_error(format!(
+                "--volume {name}: the cache has no volume '{name}' (its volumes: {})",
+                known.join(", ")
+            ))
+        })
 }
 
 fn dirty_of(stats: &serde_json::Value) -> u64 {
@@ -177,6 +250,7 @@ fn open_offline(
     let dev = open_device(cache_path, "cache", true, true)?;
     let sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", cache_path.display()))?;
+    check_backing_names(&sb, overrides)?;
     let overrides = overrides.iter().cloned().collect();
     let dirty = |i: usize| {
         crate::serve::dirty_per_volume(&*dev, &sb)
@@ -196,21 +270,65 @@ fn open_offline(
 }
 
 /// Writes back every dirty line in this process, with progress; returns false when
-/// interrupted (what was written back stays clean).
-fn drain_here(cache: &Cache, what: &'static str) -> Result<bool> {
+/// interrupted (what was written back stays clean). Every dirty sector is first checked
+/// against its checksum: damaged data is never written back; with `discard_damaged` it is
+/// given up first, otherwise nothing is written. On an error the cache is closed cleanly
+/// (still warm, its dirty data kept) before the error is returned.
+fn drain_here(cache: &Cache, what: &'static str, discard_damaged: bool) -> Result<bool> {
     let stop = interrupt_flag()?;
     let total = cache.dirty_bytes();
     if total == 0 {
         return Ok(true);
     }
-    let mut progress = Progress::new(total, what);
-    let result = cache.drain(&CleanerConfig::default(), &mut |left| {
-        progress.update(left);
-        !stop.load(Ordering::Relaxed)
-    });
-    progress.finish();
-    result.context("write-back failed")?;
+    let result = (|| {
+        if discard_damaged {
+            give_up_damaged(cache, what, &stop)?;
+        }
+        let mut progress = Progress::new(cache.dirty_bytes(), what);
+        eprintln!("{what}: checking the dirty data against its checksums, then writing it back");
+        let result = cache.drain(&CleanerConfig::default(), &mut |left| {
+            progress.update(left);
+            !stop.load(Ordering::Relaxed)
+        });
+        progress.finish();
+        result.context("write-back failed")
+    })();
+    if let Err(e) = result {
+        if let Err(close) = cache.shutdown() {
+            eprintln!("{what}: could not close the cache cleanly either: {close}");
+        }
+        return Err(e);
+    }
     Ok(cache.dirty_bytes() == 0)
+}
+
+/// `--discard-damaged`: finds the dirty data that fails its checksum or cannot be read, and
+/// drops it from the cache, saying what was lost.
+fn give_up_damaged(cache: &Cache, what: &str, stop: &AtomicBool) -> Result<()> {
+    eprintln!("{what}: checking the dirty data against its checksums");
+    cache
+        .verify_dirty(&mut |_| !stop.load(Ordering::Relaxed))
+        .context("checking the dirty data failed")?;
+    if stop.load(Ordering::Relaxed) {
+        bail!("interrupted while checking the dirty data; nothing was written back");
+    }
+    let dropped = cache
+        .discard_damaged()
+        .context("cannot drop the damaged data")?;
+    let bytes: u64 = dropped.iter().map(|r| r.length).sum();
+    if dropped.is_empty() {
+        eprintln!("{what}: --discard-damaged: no damaged dirty data found");
+    } else {
+        eprintln!(
+            "{what}: --discard-damaged: gave up {} of damaged dirty data (the backing device keeps \
+             its older contents there):",
+            human(bytes)
+        );
+        for r in &dropped {
+            eprintln!("  {r}");
+        }
+    }
+    Ok(())
 }
 
 fn interrupted(left: u64, again: &str) -> anyhow::Error {
@@ -222,12 +340,19 @@ fn interrupted(left: u64, again: &str) -> anyhow::Error {
 
 pub fn flush(args: FlushArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
-    let ctl = daemon_path(&sb, &args.control);
-    if let Some(first) = control::query(&ctl, "flush")? {
+    check_backing_names(&sb, &args.backing)?;
+    if args.discard_damaged && ask_daemon(&sb, &args.control, "info")?.is_some() {
+        bail!(
+            "--discard-damaged works on a stopped cache: stop the daemon serving {} (SIGTERM), \
+             then run `ssdcache flush --discard-damaged` again",
+            args.cache.display()
+        );
+    }
+    if let Some((ctl, first)) = ask_daemon(&sb, &args.control, "flush")? {
         return flush_online(&ctl, dirty_of(&first));
     }
     let (cache, _) = open_offline(&args.cache, &args.backing)?;
-    let done = drain_here(&cache, "flush")?;
+    let done = drain_here(&cache, "flush", args.discard_damaged)?;
     let left = cache.dirty_bytes();
     cache.shutdown().context("cannot close the cache")?;
     if !done {
@@ -282,7 +407,8 @@ fn flush_online(ctl: &Path, initial: u64) -> Result<()> {
 
 pub fn detach(args: DetachArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
-    if control::query(&daemon_path(&sb, &None), "info")?.is_some() {
+    check_backing_names(&sb, &args.backing)?;
+    if ask_daemon(&sb, &None, "info")?.is_some() {
         bail!(
             "a daemon is serving {}; stop it first (SIGTERM lets in-flight requests finish), then \
              run `ssdcache detach` again",
@@ -290,7 +416,7 @@ pub fn detach(args: DetachArgs) -> Result<()> {
         );
     }
     let (cache, _) = open_offline(&args.cache, &args.backing)?;
-    if !drain_here(&cache, "detach")? {
+    if !drain_here(&cache, "detach", args.discard_damaged)? {
         let left = cache.dirty_bytes();
         cache.shutdown()?;
         return Err(interrupted(left, "ssdcache detach"));
@@ -312,14 +438,7 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
     let dev = open_device(&args.cache, "cache", true, true)?;
     let sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", args.cache.display()))?;
-    let target = match &args.volume {
-        Some(name) => sb
-            .volumes
-            .iter()
-            .position(|v| &v.name == name)
-            .ok_or_else(|| anyhow::anyhow!("the cache has no volume '{name}'"))?,
-        None => 0,
-    };
+    let target = volume_index(&sb, args.volume.as_deref())?;
     let mut backings = Vec::new();
     for (i, v) in sb.volumes.iter().enumerate() {
         if i != target {
@@ -363,7 +482,7 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
             r.millis
         );
     }
-    let done = drain_here(&cache, "recover")?;
+    let done = drain_here(&cache, "recover", args.discard_damaged)?;
     if !done {
         let left = cache.dirty_bytes();
         cache.shutdown()?;
@@ -383,23 +502,11 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
 
 pub fn set_mode(args: SetModeArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
-    let name = match &args.volume {
-        Some(n) => n.clone(),
-        None => sb
-            .volumes
-            .first()
-            .map(|v| v.name.clone())
-            .ok_or_else(|| anyhow::anyhow!("the cache has no volume"))?,
-    };
-    let index = sb
-        .volumes
-        .iter()
-        .position(|v| v.name == name)
-        .ok_or_else(|| anyhow::anyhow!("the cache has no volume '{name}'"))?;
+    let index = volume_index(&sb, args.volume.as_deref())?;
+    let name = sb.volumes[index].name.clone();
     let mode = args.mode.mode();
-    let ctl = daemon_path(&sb, &args.control);
     let request = format!("set-mode {name} {}", mode.name());
-    if let Some(first) = control::query(&ctl, &request)? {
+    if let Some((ctl, first)) = ask_daemon(&sb, &args.control, &request)? {
         if first["done"].as_bool() != Some(true) {
             flush_online(&ctl, dirty_of(&first))?;
             let last = control::query(&ctl, &request)?

@@ -6,18 +6,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
-use ssdcache_format::layout::SUPERBLOCK_COPY_SIZE;
 use ssdcache_format::{
-    BackingIdentity, CacheMode, CacheState, Layout, LineRecord, MetaPage, Superblock,
+    sector_crc, BackingIdentity, CacheMode, CacheState, Layout, LineRecord, MetaPage, Superblock,
     VolumeCounters, VolumeSlot, FORMAT_VERSION, SECTOR_SIZE,
 };
 
 use crate::admission::Admission;
+use crate::commit::{self, flush_cache, Backing, CommitKind, CommitPurpose, Journal, JournalState};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
-use crate::map::MapState;
+use crate::map::{Invariant, MapState};
 use crate::policy;
+use crate::superblock::write_superblock;
 use crate::volume::Volume;
 
 /// Metadata pages are read and written this many at a time (1 MiB).
@@ -30,17 +31,19 @@ pub(crate) struct CacheCore {
     pub map: Mutex<MapState>,
     pub locks: LineLocks,
     pub sb: Mutex<Superblock>,
-    /// The journal's write position; held for a whole commit, so commits run one at a time.
-    pub journal: Mutex<JournalPosition>,
-    /// Backing devices by volume index, with a flag set by every write not yet flushed.
-    pub backings: Vec<Arc<dyn BlockDevice>>,
-    pub backing_unflushed: Vec<AtomicBool>,
-    /// Set when a commit failed: the durability of dirty data is unknown from then on.
-    pub commit_failed: AtomicBool,
+    /// The journal and its commit state (the commit protocol, `commit.rs`).
+    pub journal: Journal,
+    /// Backing devices by volume index, each counting its writes against its flushes.
+    pub backings: Vec<Arc<Backing>>,
     /// The cache's clock: dirty ages and idle detection count from here.
     pub clock: Instant,
     /// When a client request last went to a backing device (nanoseconds on `clock`).
     pub last_client_backing_io: AtomicU64,
+    /// Set once a check that guards user data failed: from then on the engine refuses every
+    /// request, commit, writeback and checkpoint, so the cache stays as the journal last
+    /// recorded it (marked running: the next start replays it).
+    halted: AtomicBool,
+    halt_reason: Mutex<String>,
 }
 
 impl CacheCore {
@@ -48,6 +51,46 @@ impl CacheCore {
         // The map is only changed in short non-panicking sections; a poisoned lock still holds
         // a consistent map.
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `op` on the map; a failed invariant halts the engine.
+    pub fn with_map<T>(
+        &self,
+        op: impl FnOnce(&mut MapState) -> std::result::Result<T, Invariant>,
+    ) -> Result<T> {
+        let result = op(&mut self.map());
+        result.map_err(|Invariant(what)| self.halt(what))
+    }
+
+    /// Stops the engine after a failed check (docs/design.md §4.7) and returns the error to
+    /// give the request that found it.
+    pub fn halt(&self, what: String) -> EngineError {
+        if !self.halted.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                "internal check failed: {what}. The cache stops here: no further writes to \
+                 either device; restart the daemon to replay the journal"
+            );
+            *self.halt_reason.lock().unwrap_or_else(|p| p.into_inner()) = what.clone();
+        }
+        EngineError::Halted(what)
+    }
+
+    /// Why the engine halted, if it did.
+    pub fn halted(&self) -> Option<String> {
+        self.halted.load(Ordering::SeqCst).then(|| {
+            self.halt_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
+    /// Refuses work once the engine halted.
+    pub fn check_running(&self) -> Result<()> {
+        match self.halted() {
+            Some(reason) => Err(EngineError::Halted(reason)),
+            None => Ok(()),
+        }
     }
 
     pub fn cache_err(&self, source: std::io::Error) -> EngineError {
@@ -77,78 +120,162 @@ impl CacheCore {
         self.clock.elapsed().saturating_sub(last)
     }
 
-    /// Flushes every backing device written since its last flush.
+    /// Settles a sector read from `slot` whose data does not match its checksum. After an
+    /// unclean stop the data may be a write newer than the last commit (the contract lets it
+    /// survive), so it is accepted, unless it reads as zeroes: that is what a lost, truncated or
+    /// discarded region returns. Otherwise the sector is damaged (and, if dirty, marked so the
+    /// cleaner never writes it back).
+    pub fn settle_mismatch(&self, slot: u32, sector: usize, data: &[u8]) -> Mismatch {
+        let mut map = self.map();
+        if map.is_unverified(slot, sector) && data.iter().any(|&b| b != 0) {
+            map.accept_newer_data(slot, sector, sector_crc(data));
+            return Mismatch::NewerWrite;
+        }
+        map.mark_damaged(slot, sector);
+        Mismatch::Damaged
+    }
+
+    /// Returns once no commit is running (commits hold the journal for their whole length).
+    pub fn wait_for_commit_in_flight(&self) {
+        drop(self.journal.lock());
+    }
+
+    /// Makes every write that returned from a backing device before this call durable.
     pub fn flush_backings(&self) -> Result<()> {
-        for (backing, unflushed) in self.backings.iter().zip(&self.backing_unflushed) {
-            if unflushed.swap(false, Ordering::AcqRel) {
-                if let Err(e) = backing.flush() {
-                    unflushed.store(true, Ordering::Release);
-                    return Err(EngineError::Backing {
-                        device: backing.describe(),
-                        source: e,
-                    });
-                }
-            }
+        for backing in &self.backings {
+            backing.flush().map_err(|e| EngineError::Backing {
+                device: backing.describe(),
+                source: e,
+            })?;
         }
         Ok(())
     }
 
-    /// Makes every completed write durable: backing devices flushed, cache data flushed, then
-    /// the changed line records written to the journal and flushed (docs/design.md,
-    /// "Write-back commit protocol"). When the journal is nearly full the commit is a
-    /// compaction: every dirty record is written afresh and the superblock moves the start.
-    pub fn commit(&self) -> Result<()> {
-        let mut pos = self.journal.lock().unwrap_or_else(|p| p.into_inner());
-        let (records, compaction) = {
-            let mut map = self.map();
-            let need = journal::blocks_for(map.changes_pending(), &self.layout);
-            if pos.has_room(need, &self.layout) {
-                (map.take_changes(), false)
-            } else {
-                (map.take_all_dirty(), true)
+    /// Makes every completed write durable (docs/design.md §4.3): the records of every slot
+    /// whose dirty state changed are taken in one snapshot, then the backing devices are
+    /// flushed, the cache device is flushed, and the records are written to the journal and
+    /// flushed. When the journal is nearly full, or after a failed commit, the commit starts a
+    /// fresh generation holding every dirty record instead (a compaction).
+    pub fn commit(&self, purpose: CommitPurpose) -> Result<()> {
+        self.check_running()?;
+        let mut journal = self.journal.lock();
+        // Checked under the journal lock: a FLUSH that waited behind a commit which failed
+        // must see that failure (the data that commit's flush covered may be lost).
+        let refuse = purpose == CommitPurpose::Durability
+            && self.journal.failed()
+            && self.map().total_dirty_lines() > 0;
+        if refuse {
+            return Err(self.cache_err(std::io::Error::other(
+                "an earlier metadata commit failed; dirty data in the cache may not be durable \
+                 until it is written back",
+            )));
+        }
+        if let Some(next) = journal.unconfirmed() {
+            // Its blocks are whole and flushed; name it again before anything else is written.
+            if let Err(e) = self.write_journal_start(next) {
+                self.journal.note_failure(&mut journal, &e);
+                return Err(e);
             }
+            journal.adopt(next);
+        }
+        let (records, kind) = {
+            let mut map = self.map();
+            let kind = journal.kind_for(map.changes_pending(), &self.layout);
+            let records = match kind {
+                CommitKind::Append => map.take_changes(),
+                CommitKind::FreshGeneration => map.take_all_dirty(),
+            };
+            (records, kind)
         };
-        let result = self.write_records(&mut pos, &records, compaction);
-        match &result {
-            Ok(()) => self.map().commit_done(&records, compaction),
+        let result = self.write_commit(&mut journal, &records, kind);
+        match result {
+            Ok(()) => {
+                self.map()
+                    .commit_done(&records, kind == CommitKind::FreshGeneration);
+                if purpose == CommitPurpose::Durability {
+                    // No dirty data of unknown durability was left when this commit began,
+                    // and everything since is durable now.
+                    self.journal.clear_failed();
+                }
+                Ok(())
+            }
             Err(e) => {
                 self.map().requeue(&records);
-                if matches!(e, EngineError::CacheDevice { .. }) {
-                    self.commit_failed.store(true, Ordering::Release);
+                self.journal.note_failure(&mut journal, &e);
+                match e {
+                    EngineError::Invariant(what) => Err(self.halt(what)),
+                    e => Err(e),
                 }
             }
         }
-        result
     }
 
-    fn write_records(
+    fn write_commit(
         &self,
-        pos: &mut JournalPosition,
+        journal: &mut JournalState,
         records: &[(u32, LineRecord)],
-        compaction: bool,
+        kind: CommitKind,
     ) -> Result<()> {
+        // A record that drops dirty bits because newer data went to a backing device must not
+        // become durable before that data.
         self.flush_backings()?;
-        // Data before the records that name it.
-        self.dev.flush().map_err(|e| self.cache_err(e))?;
-        let mut next = *pos;
-        if compaction {
-            next.start_block = next.block_after_live(&self.layout);
-            next.start_seq = next.next_seq;
+        // The data a record names is durable before the record.
+        flush_cache(&*self.dev)?;
+        match kind {
+            CommitKind::Append => journal.append(&*self.dev, &self.layout, records),
+            CommitKind::FreshGeneration => {
+                let next = journal.write_fresh_generation(&*self.dev, &self.layout, records)?;
+                if let Err(e) = self.write_journal_start(next) {
+                    // A copy naming `next` may have landed: keep both logs intact until a
+                    // superblock write lands (the next commit retries this one first).
+                    journal.leave_unconfirmed(next);
+                    return Err(e);
+                }
+                journal.adopt(next);
+                Ok(())
+            }
         }
-        if journal::write_commit(&*self.dev, &self.layout, &mut next, records)? > 0 {
-            self.dev.flush().map_err(|e| self.cache_err(e))?;
-        }
-        if compaction {
-            let mut sb = self.sb();
+    }
+
+    /// Writes the superblock naming `next` as the live log.
+    fn write_journal_start(&self, next: JournalPosition) -> Result<()> {
+        self.update_superblock(|sb| {
+            sb.journal_generation = next.generation;
             sb.journal_start_seq = next.start_seq;
             sb.journal_start_block = next.start_block;
-            sb.sequence += 1;
-            sb.updated_unix = now_unix();
-            write_superblock(&*self.dev, &sb)?;
-        }
-        *pos = next;
-        Ok(())
+        })
     }
+
+    /// Writes the superblock with `change` applied and the next sequence number. The in-memory
+    /// superblock takes the change only once both copies landed, so a failed write is never
+    /// repeated by a later, unrelated superblock write; but it keeps the sequence number the
+    /// failed write used, so no later write can reuse it (a copy of the failed write may have
+    /// landed, and two valid copies must never share a sequence number).
+    pub fn update_superblock(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
+        let mut sb = self.sb().clone();
+        change(&mut sb);
+        sb.sequence += 1;
+        sb.updated_unix = now_unix();
+        match write_superblock(&*self.dev, &sb) {
+            Ok(()) => {
+                *self.sb() = sb;
+                Ok(())
+            }
+            Err(e) => {
+                self.sb().sequence = sb.sequence;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What a checksum mismatch turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mismatch {
+    /// Data written after the last commit before an unclean stop: kept.
+    NewerWrite,
+    /// The cache lost or damaged the sector.
+    Damaged,
 }
 
 /// A new volume to record at create.
@@ -202,54 +329,6 @@ fn now_unix() -> u64 {
 
 fn format_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Format(e.to_string())
-}
-
-/// Writes both superblock copies, each made durable before the next is touched, so a crash
-/// leaves at least one valid copy (the old or the new).
-pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
-    let bytes = sb.encode().map_err(format_err)?;
-    let mut buf = AlignedBuf::zeroed(bytes.len());
-    buf.copy_from_slice(&bytes);
-    let io = |e| EngineError::CacheDevice {
-        device: dev.describe(),
-        source: e,
-    };
-    for copy in 0..2 {
-        dev.write_at(&buf, copy * SUPERBLOCK_COPY_SIZE)
-            .map_err(io)?;
-        dev.flush().map_err(io)?;
-    }
-    Ok(())
-}
-
-/// Reads the newest valid superblock copy.
-pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
-    let mut buf = AlignedBuf::zeroed(2 * SUPERBLOCK_COPY_SIZE as usize);
-    dev.read_at(&mut buf, 0)
-        .map_err(|e| EngineError::CacheDevice {
-            device: dev.describe(),
-            source: e,
-        })?;
-    let (a, b) = buf.split_at(SUPERBLOCK_COPY_SIZE as usize);
-    let sb = Superblock::choose(a, b).map_err(|e| {
-        EngineError::Format(format!(
-            "{}: no valid ssdcache superblock in either copy ({e}); if this is the right device, \
-             it is damaged: re-create the cache with `ssdcache create --force` (write-through and \
-             write-around caches hold no data the backing device lacks)",
-            dev.describe()
-        ))
-    })?;
-    if sb.layout.cache_size > dev.size() {
-        return Err(EngineError::Format(format!(
-            "{} is {} bytes but its superblock describes a cache of {} bytes: the device was \
-             truncated or is not the one that was formatted; restore it, or re-create the cache \
-             with `ssdcache create --force`",
-            dev.describe(),
-            dev.size(),
-            sb.layout.cache_size
-        )));
-    }
-    Ok(sb)
 }
 
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.
@@ -332,8 +411,13 @@ fn load_state(
     match (sb.state, sb.checkpoint_seq) {
         (CacheState::Running, _) => {
             let began = Instant::now();
-            let replayed = journal::replay(dev, &sb.layout, start)?;
-            apply_journal(sb, map, &replayed.records);
+            let replayed = journal::replay(dev, &sb.layout, start, &mut |slot, rec| {
+                apply_record(sb, map, slot, rec)
+            })?;
+            if replayed.commits == 0 {
+                return Err(journal_lost(dev, sb));
+            }
+            map.rebuild_free_list();
             let (lines, bytes) = dirty_totals(sb, map);
             let recovery = RecoveryReport {
                 dirty_lines: lines,
@@ -360,21 +444,37 @@ fn load_state(
     }
 }
 
-/// Applies replayed records in journal order; the last record of a slot wins, and a line
-/// recorded in a newer slot leaves its older one.
-fn apply_journal(sb: &Superblock, map: &mut MapState, records: &[(u32, LineRecord)]) {
-    let mut last = std::collections::HashMap::new();
-    for (i, (slot, _)) in records.iter().enumerate() {
-        last.insert(*slot, i);
+/// Every journal generation starts with a commit written before the superblock that names it;
+/// a running cache whose log has none lost its journal region.
+fn journal_lost(dev: &dyn BlockDevice, sb: &Superblock) -> EngineError {
+    format_err(format!(
+        "{}: the cache stopped uncleanly, but its journal has no commit where the superblock \
+         says the log starts (generation {:#x}, block {}): the journal region was lost or \
+         overwritten (was the cache file truncated or written by something else?). The dirty \
+         data it recorded cannot be found, and the backing device may lack recent writes. \
+         Nothing was changed. Keep the device as it is if you want to try to save data; to \
+         start over without that data, `ssdcache create --discard-dirty-data`",
+        dev.describe(),
+        sb.journal_generation,
+        sb.journal_start_block
+    ))
+}
+
+/// Applies one replayed record (records come in journal order): it replaces whatever its slot
+/// held, and a line recorded in a newer slot leaves its older one, so the last record of each
+/// slot wins. Only dirty data is restored (clean lines are dropped after a crash).
+fn apply_record(sb: &Superblock, map: &mut MapState, slot: u32, rec: &LineRecord) -> Result<()> {
+    map.forget_slot(slot).map_err(metadata_inconsistent)?;
+    if rec.dirty.is_empty() || !record_fits(sb, rec) {
+        return Ok(());
     }
-    for (i, (slot, rec)) in records.iter().enumerate() {
-        if last.get(slot) != Some(&i) || rec.dirty.is_empty() || !record_fits(sb, rec) {
-            continue;
-        }
-        map.forget_line(rec.volume, rec.backing_line);
-        map.restore(*slot, rec);
-    }
-    map.rebuild_free_list();
+    map.forget_line(rec.volume, rec.backing_line)
+        .and_then(|()| map.restore(slot, rec, true))
+        .map_err(metadata_inconsistent)
+}
+
+fn metadata_inconsistent(Invariant(what): Invariant) -> EngineError {
+    format_err(format!("the cache metadata is inconsistent: {what}"))
 }
 
 fn dirty_totals(sb: &Superblock, map: &MapState) -> (u64, u64) {
@@ -425,23 +525,8 @@ impl Cache {
         }
         // A fresh generation past the live blocks: a crash before the superblock below lands
         // leaves the old journal (or checkpoint) intact and authoritative.
-        let mut pos = JournalPosition {
-            generation: sb.journal_generation.wrapping_add(1),
-            start_seq: end.next_seq,
-            start_block: end.block_after_live(&layout),
-            next_seq: end.next_seq,
-        };
         let records = map.take_all_dirty();
-        dev.flush().map_err(|e| EngineError::CacheDevice {
-            device: dev.describe(),
-            source: e,
-        })?;
-        if journal::write_commit(&*dev, &layout, &mut pos, &records)? > 0 {
-            dev.flush().map_err(|e| EngineError::CacheDevice {
-                device: dev.describe(),
-                source: e,
-            })?;
-        }
+        let pos = commit::start_generation(&*dev, &layout, end, &records)?;
         map.commit_done(&records, true);
         sb.journal_generation = pos.generation;
         sb.journal_start_seq = pos.start_seq;
@@ -457,20 +542,24 @@ impl Cache {
             map: Mutex::new(map),
             locks: LineLocks::new(),
             sb: Mutex::new(sb),
-            journal: Mutex::new(pos),
-            backing_unflushed: backings.iter().map(|_| AtomicBool::new(false)).collect(),
-            backings: backings.clone(),
-            commit_failed: AtomicBool::new(false),
+            journal: Journal::new(pos),
+            backings: backings
+                .iter()
+                .cloned()
+                .map(Backing::new)
+                .map(Arc::new)
+                .collect(),
             clock: Instant::now(),
             last_client_backing_io: AtomicU64::new(0),
+            halted: AtomicBool::new(false),
+            halt_reason: Mutex::new(String::new()),
         });
         let volumes = slots
             .iter()
             .zip(admissions)
-            .zip(backings)
             .enumerate()
-            .map(|(index, ((slot, admission), backing))| {
-                Arc::new(Volume::new(slot, admission, index, backing, core.clone()))
+            .map(|(index, (slot, admission))| {
+                Arc::new(Volume::new(slot, admission, index, core.clone()))
             })
             .collect();
         Ok((
@@ -522,19 +611,26 @@ impl Cache {
     /// Writes the superblock with the volumes' current configuration (modes), so a change
     /// survives a crash.
     pub fn persist_config(&self) -> Result<()> {
-        let _pos = self.core.journal.lock().unwrap_or_else(|p| p.into_inner());
-        let mut sb = self.core.sb().clone();
-        self.fold_volumes(&mut sb);
-        sb.sequence += 1;
-        sb.updated_unix = now_unix();
-        write_superblock(&*self.core.dev, &sb)?;
-        *self.core.sb() = sb;
-        Ok(())
+        self.core.check_running()?;
+        let _journal = self.core.journal.lock();
+        self.core.update_superblock(|sb| self.fold_volumes(sb))
     }
 
     /// Makes every completed write of every volume durable.
     pub fn commit(&self) -> Result<()> {
-        self.core.commit()
+        self.core.commit(CommitPurpose::Durability)
+    }
+
+    /// Commits the journal as the cleaner's periodic commit does: it runs after a failed commit
+    /// too, because it promises nothing about the durability of writes (`commit` does).
+    pub fn commit_in_background(&self) -> Result<()> {
+        self.core.commit(CommitPurpose::Writeback)
+    }
+
+    /// Why the engine stopped itself, if a check that guards user data failed: the daemon
+    /// should then stop without a checkpoint (the journal is replayed at the next start).
+    pub fn halted(&self) -> Option<String> {
+        self.core.halted()
     }
 
     /// Dirty lines in the whole cache.
@@ -561,21 +657,21 @@ impl Cache {
     }
 
     fn close(&self, discard: bool) -> Result<()> {
-        let _pos = self.core.journal.lock().unwrap_or_else(|p| p.into_inner());
-        let mut sb = self.core.sb().clone();
-        let seq = sb.sequence + 1;
+        // A halted engine leaves the cache marked running: the journal, not a checkpoint of a
+        // state that failed a check, is what the next start trusts.
+        self.core.check_running()?;
+        let _journal = self.core.journal.lock();
+        // The superblock written below takes this sequence number.
+        let checkpoint = self.core.sb().sequence + 1;
         if !discard {
             self.core.flush_backings()?;
-            write_checkpoint(&self.core, seq)?;
+            write_checkpoint(&self.core, checkpoint)?;
         }
-        self.fold_volumes(&mut sb);
-        sb.state = CacheState::Clean;
-        sb.checkpoint_seq = if discard { 0 } else { seq };
-        sb.sequence = seq;
-        sb.updated_unix = now_unix();
-        write_superblock(&*self.core.dev, &sb)?;
-        *self.core.sb() = sb;
-        Ok(())
+        self.core.update_superblock(|sb| {
+            self.fold_volumes(sb);
+            sb.state = CacheState::Clean;
+            sb.checkpoint_seq = if discard { 0 } else { checkpoint };
+        })
     }
 }
 
@@ -660,7 +756,8 @@ fn load_checkpoint(
             for (j, rec) in records.iter().enumerate() {
                 let slot = first + j as u64;
                 if slot < layout.line_count && record_fits(sb, rec) {
-                    map.restore(slot as u32, rec);
+                    map.restore(slot as u32, rec, false)
+                        .map_err(metadata_inconsistent)?;
                 }
             }
         }
@@ -716,4 +813,62 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::superblock::read_superblock;
+    use ssdcache_device::MemDevice;
+    use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
+
+    fn write_back_cache() -> (Arc<MemDevice>, Cache) {
+        let dev = Arc::new(MemDevice::new("cache", 16 << 20));
+        let backing = Arc::new(MemDevice::new("backing", 32 << 20));
+        let identity = BackingIdentity {
+            kind: BackingKind::File,
+            size: 32 << 20,
+            path: "mem".into(),
+            stable_id: "mem".into(),
+            st_dev: 0,
+            st_ino: 0,
+            st_rdev: 0,
+            btime_ns: 0,
+        };
+        let volume = NewVolume {
+            name: "v".into(),
+            mode: CacheMode::WriteBack,
+            backing: identity,
+            sequential_cutoff: 0,
+            policy: 0,
+            admission: Admission::Always,
+        };
+        let sb = format(&*dev, 64 << 10, volume).unwrap();
+        let (cache, _) = Cache::open(dev.clone(), sb, vec![backing]).unwrap();
+        (dev, cache)
+    }
+
+    /// A broken slot-reuse invariant stops the engine: the write that found it fails, every
+    /// later request and the checkpoint are refused, and the cache stays marked running so the
+    /// next start replays the journal (which still has the data flushed before).
+    #[test]
+    fn a_broken_invariant_halts_the_engine_and_leaves_the_journal_authoritative() {
+        let (dev, cache) = write_back_cache();
+        let vol = cache.volumes()[0].clone();
+        vol.write(0, &[7u8; 4096], true).unwrap();
+        cache.core.map().break_free_list_for_test();
+        let err = vol.write(1 << 20, &[8u8; 4096], false).unwrap_err();
+        assert!(matches!(err, EngineError::Halted(_)), "{err}");
+        assert!(cache.halted().is_some());
+        let mut buf = [0u8; 4096];
+        assert!(matches!(vol.read(0, &mut buf), Err(EngineError::Halted(_))));
+        assert!(matches!(vol.flush(), Err(EngineError::Halted(_))));
+        assert!(matches!(cache.commit(), Err(EngineError::Halted(_))));
+        assert!(
+            cache.shutdown().is_err(),
+            "no checkpoint of a state that failed a check"
+        );
+        let sb = read_superblock(&*dev).unwrap();
+        assert_eq!(sb.state, CacheState::Running);
+    }
 }

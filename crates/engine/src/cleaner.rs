@@ -11,13 +11,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ssdcache_device::AlignedBuf;
-use ssdcache_format::{CacheMode, SectorBitmap, SECTOR_SIZE};
+use ssdcache_format::{sector_crc, CacheMode, SectorBitmap, SECTOR_SIZE};
 
-use crate::cache::Cache;
+use crate::cache::{Cache, Mismatch};
+use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::locks::LineKey;
 use crate::map::{line_of, volume_of, DirtyLine};
-use crate::volume::Counter;
+use crate::volume::{Counter, Volume};
 
 /// When and how fast the cleaner writes back. Defaults are in docs/operations.md.
 #[derive(Debug, Clone)]
@@ -136,6 +137,7 @@ impl Cache {
         batch_lines: usize,
         pause: Option<Duration>,
     ) -> Result<BatchReport> {
+        self.core().check_running()?;
         let lines = self.plan(batch_lines, select);
         if lines.is_empty() {
             return Ok(BatchReport::default());
@@ -179,20 +181,19 @@ impl Cache {
                 }
             })?;
         }
-        {
-            let mut map = self.core().map();
+        report.lines_cleaned = self.core().with_map(|map| {
+            let mut marked = 0;
             for (line, sectors) in cleaned.values() {
-                if map.mark_clean(line, sectors) {
-                    report.lines_cleaned += 1;
-                }
+                marked += u64::from(map.mark_clean(line, sectors)?);
             }
-        }
+            Ok(marked)
+        })?;
         for (e, outcome) in extents.iter().zip(&outcomes) {
             if let (Outcome::Written, Some(i)) = (outcome, index_of(e.volume)) {
                 self.volumes()[i].count_pub(Counter::BytesCleaned, e.len);
             }
         }
-        self.commit()?;
+        self.core().commit(CommitPurpose::Writeback)?;
         Ok(report)
     }
 
@@ -226,30 +227,20 @@ impl Cache {
         depth: usize,
         pause: Option<Duration>,
     ) -> Vec<Outcome> {
-        let next = AtomicUsize::new(0);
-        let results: Vec<Mutex<Option<Outcome>>> =
-            extents.iter().map(|_| Mutex::new(None)).collect();
-        std::thread::scope(|scope| {
-            for _ in 0..depth.min(extents.len()) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(extent) = extents.get(i) else { break };
-                    let outcome = self.write_extent(extent);
-                    *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-                    if let Some(p) = pause {
-                        std::thread::sleep(p);
-                    }
-                });
+        in_parallel(extents, depth, |extent| {
+            // A halted engine starts no further writeback (§4.7).
+            let outcome = match self.core().check_running() {
+                Ok(()) => self.write_extent(extent),
+                Err(_) => Outcome::Failed,
+            };
+            if let Some(p) = pause {
+                std::thread::sleep(p);
             }
-        });
-        results
-            .into_iter()
-            .map(|r| {
-                r.into_inner()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .unwrap_or(Outcome::Failed)
-            })
-            .collect()
+            outcome
+        })
+        .into_iter()
+        .map(|r| r.unwrap_or(Outcome::Failed))
+        .collect()
     }
 
     /// Reads an extent's dirty sectors from the cache and writes them to the backing device,
@@ -263,6 +254,7 @@ impl Cache {
             (extent.offset + extent.len - 1) / line_size,
         );
         let _held = core.locks.lock_range(extent.volume, first, last);
+        let mut crcs = vec![0u32; (extent.len / SECTOR_SIZE) as usize];
         {
             let map = core.map();
             let changed = extent.parts.iter().any(|p| {
@@ -270,6 +262,11 @@ impl Cache {
             });
             if changed {
                 return Outcome::Skipped;
+            }
+            let mut at = 0;
+            for p in &extent.parts {
+                map.sector_crcs(p.line.slot, p.first, &mut crcs[at..at + p.count]);
+                at += p.count;
             }
         }
         let Some(volume) = self.volumes().iter().find(|v| v.id() == extent.volume) else {
@@ -290,12 +287,194 @@ impl Cache {
             }
             at += len;
         }
+        if let Err(e) = self.check_extent(volume, extent, &buf, &crcs) {
+            volume.cleaner_read_failed(e);
+            return Outcome::Failed;
+        }
         if let Err(e) = volume.backing().write_at(&buf, extent.offset) {
             volume.count_pub(Counter::BackingErrors, 1);
             tracing::warn!(volume = %volume.name(), "writeback to {} failed: {e}", volume.backing().describe());
             return Outcome::Failed;
         }
         Outcome::Written
+    }
+
+    /// Checks an extent's data against its checksums before it may reach the backing device.
+    /// Damaged sectors are marked (the next batches leave them alone) and the extent is
+    /// refused whole, naming them.
+    fn check_extent(
+        &self,
+        volume: &Volume,
+        extent: &Extent,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> std::io::Result<()> {
+        let sectors = extent
+            .parts
+            .iter()
+            .flat_map(|p| (p.first..p.first + p.count).map(move |s| (p.line.slot, s)));
+        let mut damaged = Vec::new();
+        for (i, ((slot, s), sector)) in sectors.zip(data.chunks(SECTOR_SIZE as usize)).enumerate() {
+            if sector_crc(sector) != crcs[i]
+                && self.core().settle_mismatch(slot, s, sector) == Mismatch::Damaged
+            {
+                volume.count_pub(Counter::ChecksumErrors, 1);
+                damaged.push(extent.offset + i as u64 * SECTOR_SIZE);
+            }
+        }
+        if damaged.is_empty() {
+            return Ok(());
+        }
+        let msg = format!(
+            "writeback refused: {} dirty sector(s) of volume '{}' in bytes [{}, +{}) do not match \
+             their checksums (first at byte {}): the cache lost or damaged them. They stay dirty \
+             in the cache and are never written back; the backing device keeps its older data",
+            damaged.len(),
+            volume.name(),
+            extent.offset,
+            extent.len,
+            damaged[0]
+        );
+        tracing::error!("{msg}");
+        Err(std::io::Error::new(std::io::ErrorKind::InvalidData, msg))
+    }
+
+    /// Reads every dirty sector back from the cache and checks it against its checksum,
+    /// holding each line while it does, so nothing is written back before the whole dirty set
+    /// is known to be sound. `progress` gets the dirty bytes checked so far and may stop the
+    /// check (returning false). Returns the ranges that are damaged or unreadable (empty when
+    /// everything can be written back).
+    pub fn verify_dirty(&self, progress: &mut dyn FnMut(u64) -> bool) -> Result<Vec<DamagedRange>> {
+        self.core().check_running()?;
+        let mut cursor: LineKey = 0;
+        let mut checked = 0u64;
+        loop {
+            let lines = self
+                .core()
+                .map()
+                .dirty_lines_from(cursor, 256, usize::MAX, &mut |_| true);
+            let lines: Vec<DirtyLine> = lines.into_iter().take_while(|l| l.key >= cursor).collect();
+            let Some(last) = lines.last() else { break };
+            cursor = last.key + 1;
+            for bytes in in_parallel(&lines, VERIFY_DEPTH, |line| self.verify_line(line)) {
+                checked += bytes.unwrap_or(Ok(0))?;
+            }
+            if !progress(checked) {
+                break;
+            }
+        }
+        Ok(self.damaged_ranges())
+    }
+
+    /// Checks the dirty sectors of one line as it is now, one read per run of dirty sectors;
+    /// returns the bytes checked. A run that cannot be read is read again once, then its
+    /// sectors count as damaged (they cannot be written back either).
+    fn verify_line(&self, planned: &DirtyLine) -> Result<u64> {
+        let core = self.core();
+        let (volume_id, line) = (volume_of(planned.key), line_of(planned.key));
+        let _held = core.locks.lock_range(volume_id, line, line);
+        let spl = self.layout().sectors_per_line() as usize;
+        let (dirty, crcs) = {
+            let map = core.map();
+            if map.key_of(planned.slot) != planned.key {
+                return Ok(0); // written back or dropped meanwhile
+            }
+            let mut crcs = [0u32; 256];
+            map.sector_crcs(planned.slot, 0, &mut crcs[..spl]);
+            (map.dirty_of(planned.slot).unwrap_or_default(), crcs)
+        };
+        let mut buf = AlignedBuf::zeroed(self.layout().line_size as usize);
+        let base = self.layout().slot_offset(u64::from(planned.slot));
+        let mut bytes = 0;
+        let mut s = 0;
+        while s < spl {
+            if !dirty.get(s) {
+                s += 1;
+                continue;
+            }
+            let end = (s..spl).find(|&t| !dirty.get(t)).unwrap_or(spl);
+            let run = &mut buf[..(end - s) * SECTOR_SIZE as usize];
+            let at = base + s as u64 * SECTOR_SIZE;
+            let readable = core.dev.read_at(run, at).is_ok() || core.dev.read_at(run, at).is_ok();
+            for (i, sector) in run.chunks(SECTOR_SIZE as usize).enumerate() {
+                let sound = readable
+                    && (sector_crc(sector) == crcs[s + i]
+                        || core.settle_mismatch(planned.slot, s + i, sector)
+                            == Mismatch::NewerWrite);
+                if !sound {
+                    core.map().mark_damaged(planned.slot, s + i);
+                }
+            }
+            bytes += run.len() as u64;
+            s = end;
+        }
+        Ok(bytes)
+    }
+
+    /// The dirty ranges known to be damaged or unreadable, merged, in volume and address order.
+    pub fn damaged_ranges(&self) -> Vec<DamagedRange> {
+        let line_size = self.layout().line_size;
+        let mut sectors: Vec<(u16, u64)> = self
+            .core()
+            .map()
+            .damaged_slots()
+            .into_iter()
+            .flat_map(|(_, key, bits)| {
+                (0..256).filter(move |&s| bits.get(s)).map(move |s| {
+                    (
+                        volume_of(key),
+                        line_of(key) * line_size + s as u64 * SECTOR_SIZE,
+                    )
+                })
+            })
+            .collect();
+        sectors.sort_unstable();
+        let mut out: Vec<DamagedRange> = Vec::new();
+        for (id, offset) in sectors {
+            let name = self
+                .volumes()
+                .iter()
+                .find(|v| v.id() == id)
+                .map_or_else(|| format!("#{id}"), |v| v.name().to_owned());
+            match out.last_mut() {
+                Some(r) if r.volume == name && r.offset + r.length == offset => {
+                    r.length += SECTOR_SIZE
+                }
+                _ => out.push(DamagedRange {
+                    volume: name,
+                    offset,
+                    length: SECTOR_SIZE,
+                }),
+            }
+        }
+        out
+    }
+
+    /// Gives up the damaged dirty sectors: they are dropped from the cache (the backing device
+    /// keeps its older data there) and the change is committed. For an operator who decided
+    /// that data is lost (`--discard-damaged`). Returns what was dropped.
+    pub fn discard_damaged(&self) -> Result<Vec<DamagedRange>> {
+        let ranges = self.damaged_ranges();
+        let damaged = self.core().map().damaged_slots();
+        for (slot, key, _) in damaged {
+            let (volume_id, line) = (volume_of(key), line_of(key));
+            let _held = self.core().locks.lock_range(volume_id, line, line);
+            self.core().with_map(|map| {
+                if map.key_of(slot) != key {
+                    return Ok(());
+                }
+                // As it is now, under the line's lock (a write may have replaced some).
+                let bits = map.damaged_of(slot);
+                (0..256)
+                    .filter(|&s| bits.get(s))
+                    .try_for_each(|s| map.invalidate_slot(slot, s, 1))
+            })?;
+        }
+        for r in &ranges {
+            tracing::warn!("discarded damaged dirty data: {r}");
+        }
+        self.commit()?;
+        Ok(ranges)
     }
 
     /// Starts the background cleaner thread (once).
@@ -362,7 +541,7 @@ impl Cache {
                     && self.core().map().changes_pending() > 0
                 {
                     // Bounds how much a crash can lose when clients never flush.
-                    if let Err(e) = self.commit() {
+                    if let Err(e) = self.core().commit(CommitPurpose::Writeback) {
                         tracing::warn!("periodic metadata commit failed: {e}");
                     }
                     last_commit = Instant::now();
@@ -412,7 +591,17 @@ impl Cache {
     /// batch with the dirty bytes left; `progress` returning false stops early (what was
     /// written back stays clean, so a later call resumes). Fails when lines cannot be written
     /// back after repeated tries.
+    ///
+    /// First every dirty sector is checked against its checksum (`verify_dirty`): if any is
+    /// damaged, nothing is written back and the error names the ranges.
     pub fn drain(&self, cfg: &CleanerConfig, progress: &mut dyn FnMut(u64) -> bool) -> Result<()> {
+        let left = self.dirty_bytes();
+        if left > 0 {
+            let damaged = self.verify_dirty(&mut |_| progress(left))?;
+            if !damaged.is_empty() {
+                return Err(EngineError::DataDamaged(describe_damage(&damaged)));
+            }
+        }
         let mut stuck_rounds = 0;
         loop {
             let left = self.dirty_bytes();
@@ -422,6 +611,10 @@ impl Cache {
             let r = self.clean_batch(cfg, cfg.max_in_flight, Select::All)?;
             if r.lines_cleaned == 0 {
                 stuck_rounds += 1;
+                let damaged = self.damaged_ranges();
+                if !damaged.is_empty() {
+                    return Err(EngineError::DataDamaged(describe_damage(&damaged)));
+                }
                 if stuck_rounds > 3 {
                     return Err(EngineError::Format(format!(
                         "{} dirty bytes cannot be written back ({} extents failed in the last \
@@ -472,10 +665,14 @@ impl Cache {
             .get(volume)
             .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
         if v.configured_mode() == CacheMode::WriteBack && mode != CacheMode::WriteBack {
-            v.set_mode(CacheMode::WriteThrough);
-            self.drain(cfg, progress)?;
-            if self.dirty_bytes() > 0 {
-                v.set_mode(CacheMode::WriteBack);
+            // Writes go through from here on (once those in flight finished), so the drain
+            // below sees all the dirty data; the configured (persisted) mode changes only
+            // once it is all written back, and a failed drain leaves the volume write-back.
+            v.set_serving_mode(CacheMode::WriteThrough);
+            let drained = self.drain(cfg, progress);
+            if drained.is_err() || self.dirty_bytes() > 0 {
+                v.set_serving_mode(CacheMode::WriteBack);
+                drained?;
                 return Err(EngineError::Format(
                     "mode change interrupted before the dirty data was written back; the volume \
                      stays in write-back"
@@ -486,6 +683,77 @@ impl Cache {
         v.set_mode(mode);
         Ok(())
     }
+}
+
+/// Lines checked at once by `verify_dirty` (an SSD serves a queue much faster than one read
+/// at a time).
+const VERIFY_DEPTH: usize = 8;
+
+/// Runs `work` on every item with up to `depth` threads taking the next item in turn; the
+/// results come back in the items' order (`None` for an item a panicking thread never did).
+/// With a depth of 1 it runs in the calling thread.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    depth: usize,
+    work: impl Fn(&T) -> R + Sync,
+) -> Vec<Option<R>> {
+    if depth <= 1 || items.len() <= 1 {
+        return items.iter().map(|item| Some(work(item))).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..depth.min(items.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let result = work(item);
+                *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect()
+}
+
+/// A range of a volume whose dirty data in the cache is damaged or unreadable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedRange {
+    pub volume: String,
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl std::fmt::Display for DamagedRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "volume '{}' bytes [{}, {})",
+            self.volume,
+            self.offset,
+            self.offset + self.length
+        )
+    }
+}
+
+/// The ranges for an error message (the first 16, then a count).
+fn describe_damage(ranges: &[DamagedRange]) -> String {
+    const SHOWN: usize = 16;
+    let bytes: u64 = ranges.iter().map(|r| r.length).sum();
+    let mut list: Vec<String> = ranges.iter().take(SHOWN).map(|r| r.to_string()).collect();
+    if ranges.len() > SHOWN {
+        list.push(format!("and {} more ranges", ranges.len() - SHOWN));
+    }
+    format!(
+        "{bytes} bytes of dirty data in the cache fail their checksums or cannot be read ({}); \
+         nothing was written back, and neither device was changed. The cache device lost or \
+         damaged this data (was it truncated, overwritten or failing?). The rest of the dirty \
+         data is intact. To write back everything else and give these ranges up (the backing \
+         device keeps its older data there), run the same command with --discard-damaged",
+        list.join(", ")
+    )
 }
 
 /// Merges the dirty sector runs of address-ordered lines into backing writes.

@@ -14,6 +14,21 @@ pub enum EngineError {
     ReadOnly(String),
     #[error("{0}")]
     Format(String),
+    /// Dirty data in the cache fails its checksum or cannot be read; the message names it.
+    #[error("{0}")]
+    DataDamaged(String),
+    /// A check that guards user data failed (a slot about to be reused while the durable
+    /// metadata may still name it, a journal commit that would overwrite live blocks...). The
+    /// engine stops at once rather than write on.
+    #[error("internal check failed: {0}")]
+    Invariant(String),
+    /// The engine stopped itself after a failed check; nothing more is written.
+    #[error(
+        "the cache stopped itself after an internal check failed ({0}); nothing more is \
+         written to either device. Restart the daemon: the journal is replayed and the dirty \
+         data it names is recovered. Please report this with the log"
+    )]
+    Halted(String),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

@@ -6,17 +6,17 @@
 pub mod admission;
 mod cache;
 pub mod cleaner;
+mod commit;
 mod error;
 mod journal;
 mod locks;
 mod map;
 pub mod policy;
+pub mod superblock;
 mod volume;
 
-pub use cache::{
-    format, offline_stats, read_superblock, write_superblock, Cache, NewVolume, OpenReport,
-    RecoveryReport,
-};
-pub use cleaner::{BatchReport, CleanerConfig, Select};
+pub use cache::{format, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport};
+pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
 pub use error::{EngineError, Result};
+pub use superblock::{read_superblock, write_superblock};
 pub use volume::{Volume, VolumeState, VolumeStats, CACHE_ERROR_LIMIT};

@@ -2,16 +2,35 @@
 //! the replacement policy, and the bookkeeping the journal needs (which slots changed since the
 //! last commit, which slots the durable metadata may still call dirty). Everything here runs
 //! under one mutex held only for bookkeeping, never across I/O.
+//!
+//! The checks that guard user data (a slot is reused only when free and not possibly durably
+//! dirty; a stored slot is mapped; dirty sectors are valid) run in release builds too and
+//! return [`Invariant`]: the engine then halts instead of writing on (docs/design.md §4.7).
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 
 use crate::locks::{line_key, LineKey, LineLocks};
 use crate::policy::ReplacementPolicy;
+use ssdcache_format::lines::RECORD_UNVERIFIED;
 use ssdcache_format::superblock::MAX_VOLUMES;
 use ssdcache_format::{LineRecord, SectorBitmap};
 
 const NO_KEY: LineKey = u64::MAX;
+
+/// A failed check on the map's bookkeeping: what was about to go wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invariant(pub String);
+
+type Checked<T = ()> = std::result::Result<T, Invariant>;
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Checked {
+    if ok {
+        Ok(())
+    } else {
+        Err(Invariant(what()))
+    }
+}
 
 pub fn volume_of(key: LineKey) -> u16 {
     (key >> 48) as u16
@@ -30,6 +49,20 @@ pub struct MapState {
     dirty: Vec<u64>,
     words_per_line: usize,
     sectors_per_line: usize,
+    /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid.
+    crcs: Vec<u32>,
+    /// One bit per slot: its dirty sectors were restored from the journal after an unclean
+    /// stop, so their checksums are the ones the last commit recorded, and a write made after
+    /// that commit (not yet flushed, so allowed to be lost or kept) may have replaced the data
+    /// in place. A read of such a dirty sector that does not match accepts the data as that
+    /// newer write unless it reads as zeroes (what a lost or truncated region returns). Kept
+    /// across a clean stop (`RECORD_UNVERIFIED`); cleared when the slot has no dirty data.
+    unverified: Vec<u64>,
+    /// Dirty sectors whose data failed its checksum (the cache lost or damaged them): the
+    /// cleaner leaves them alone (writing them back would put garbage on the backing device),
+    /// reads of them fail, and `Cache::verify_dirty` names them. A sector leaves the set when
+    /// it is rewritten, dropped or made clean. Sparse.
+    damaged: HashMap<u32, SectorBitmap>,
     /// Bumped whenever a slot's sectors or owner change, so the cleaner can tell whether a line
     /// it wrote back was written again meanwhile.
     epoch: Vec<u32>,
@@ -86,6 +119,9 @@ impl MapState {
             dirty: vec![0; n * words_per_line],
             words_per_line,
             sectors_per_line,
+            crcs: vec![0; n * sectors_per_line],
+            unverified: vec![0; n.div_ceil(64)],
+            damaged: HashMap::new(),
             epoch: vec![0; n],
             dirty_since: vec![0; n],
             dirty_index: BTreeMap::new(),
@@ -120,13 +156,14 @@ impl MapState {
 
     /// Stores both bitmaps of a slot and keeps the statistics, the dirty index and the change
     /// list in step. Frees the slot when no valid sector remains.
-    fn store(&mut self, slot: u32, valid: SectorBitmap, dirty: SectorBitmap, now: u32) {
+    fn store(&mut self, slot: u32, valid: SectorBitmap, dirty: SectorBitmap, now: u32) -> Checked {
         let key = self.keys[slot as usize];
-        debug_assert_ne!(key, NO_KEY, "store into a free slot");
-        debug_assert!(
-            (0..4).all(|w| dirty.0[w] & !valid.0[w] == 0),
-            "dirty sector that is not valid"
-        );
+        check(key != NO_KEY, || {
+            format!("sector state stored into free slot {slot}")
+        })?;
+        check((0..4).all(|w| dirty.0[w] & !valid.0[w] == 0), || {
+            format!("slot {slot} would hold a dirty sector that is not valid")
+        })?;
         let (old_valid, old_dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         let vol = usize::from(volume_of(key));
         self.sectors_valid[vol] =
@@ -153,9 +190,21 @@ impl MapState {
                 _ => {}
             }
         }
-        if valid.is_empty() {
-            self.release(slot);
+        if let Some(damaged) = self.damaged.get_mut(&slot) {
+            for w in 0..4 {
+                damaged.0[w] &= dirty.0[w];
+            }
+            if damaged.is_empty() {
+                self.damaged.remove(&slot);
+            }
         }
+        if dirty.is_empty() {
+            self.set_unverified(slot, false);
+        }
+        if valid.is_empty() {
+            self.release(slot)?;
+        }
+        Ok(())
     }
 
     fn note_changed(&mut self, slot: u32) {
@@ -187,9 +236,11 @@ impl MapState {
     /// Finds a slot for a line not in the map: a free one, or the policy's victim among clean
     /// lines no request holds. The caller holds the line's lock. `None` when no slot can be
     /// freed (every line busy or dirty).
-    pub fn allocate(&mut self, volume: u16, line: u64, locks: &LineLocks) -> Option<u32> {
+    pub fn allocate(&mut self, volume: u16, line: u64, locks: &LineLocks) -> Checked<Option<u32>> {
         let key = line_key(volume, line);
-        debug_assert!(!self.map.contains_key(&key), "allocate of a mapped line");
+        check(!self.map.contains_key(&key), || {
+            format!("line {line} of volume {volume} allocated a second slot")
+        })?;
         let slot = loop {
             if let Some(s) = self.free.pop() {
                 break s;
@@ -201,24 +252,48 @@ impl MapState {
                 !durable[s as usize]
                     && dirty[at..at + wpl].iter().all(|&w| w == 0)
                     && !locks.is_held(keys[s as usize])
+            });
+            let Some(victim) = victim else {
+                return Ok(None);
+            };
+            check(self.dirty_bits(victim).is_empty(), || {
+                format!("the replacement policy chose dirty slot {victim} as a victim")
             })?;
-            self.release(victim);
+            self.release(victim)?;
         };
-        debug_assert_eq!(self.keys[slot as usize], NO_KEY);
-        debug_assert!(!self.maybe_durable_dirty[slot as usize]);
+        // Reusing a slot that the durable metadata may still call dirty would let a crash
+        // bring back the new line's data as the old line's.
+        check(
+            (slot as usize) < self.keys.len()
+                && self.keys[slot as usize] == NO_KEY
+                && !self.maybe_durable_dirty[slot as usize],
+            || format!("slot {slot} handed out for reuse while in use or possibly durably dirty"),
+        )?;
         self.keys[slot as usize] = key;
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.map.insert(key, slot);
         self.lines_used[usize::from(volume)] += 1;
         self.policy.insert(slot, key);
-        Some(slot)
+        Ok(Some(slot))
     }
 
     /// Unmaps a slot. It goes back on the free list, or waits for the next commit when the
     /// durable metadata may still call it dirty.
-    fn release(&mut self, slot: u32) {
+    fn release(&mut self, slot: u32) -> Checked {
+        self.unmap(slot)?;
+        if self.maybe_durable_dirty[slot as usize] {
+            self.note_changed(slot);
+            self.pending_free.push(slot);
+        } else {
+            self.free.push(slot);
+        }
+        Ok(())
+    }
+
+    /// Empties a mapped slot: its line leaves the map, its bits and statistics go.
+    fn unmap(&mut self, slot: u32) -> Checked {
         let key = self.keys[slot as usize];
-        debug_assert_ne!(key, NO_KEY, "release of a free slot");
+        check(key != NO_KEY, || format!("free slot {slot} released again"))?;
         let vol = usize::from(volume_of(key));
         let (valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         self.sectors_valid[vol] -= u64::from(valid.count());
@@ -234,52 +309,152 @@ impl MapState {
         let at = slot as usize * wpl;
         self.valid[at..at + wpl].fill(0);
         self.dirty[at..at + wpl].fill(0);
+        self.set_unverified(slot, false);
+        self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
-        if self.maybe_durable_dirty[slot as usize] {
-            self.note_changed(slot);
-            self.pending_free.push(slot);
-        } else {
-            self.free.push(slot);
-        }
+        Ok(())
     }
 
     /// Marks sectors valid with data equal to the backing device's (a fill). Sectors already
     /// dirty stay dirty: a fill only ever rewrites them with the same cached data.
-    pub fn set_clean_valid(&mut self, slot: u32, first: usize, count: usize) {
+    /// `crcs` holds the checksum of each of the `count` sectors' data; dirty sectors keep
+    /// theirs (a fill rewrites them with the same cached data).
+    pub fn set_clean_valid(&mut self, slot: u32, first: usize, crcs: &[u32]) -> Checked {
+        let count = crcs.len();
+        self.check_sectors(slot, first, count)?;
         if self.keys[slot as usize] == NO_KEY {
-            return;
+            return Ok(());
         }
-        let mut valid = self.valid_bits(slot);
-        for s in first..first + count {
+        let (mut valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        let base = slot as usize * self.sectors_per_line;
+        for (i, &crc) in crcs.iter().enumerate() {
+            let s = first + i;
+            if !dirty.get(s) {
+                self.crcs[base + s] = crc;
+            }
             valid.set(s, true);
         }
-        self.store(slot, valid, self.dirty_bits(slot), 0);
+        self.store(slot, valid, dirty, 0)
+    }
+
+    /// Marks sectors valid and clean with new data that the backing device already has (a
+    /// write-through write): dirty sectors among them are superseded, not kept.
+    pub fn set_written_through(&mut self, slot: u32, first: usize, crcs: &[u32]) -> Checked {
+        let count = crcs.len();
+        self.check_sectors(slot, first, count)?;
+        if self.keys[slot as usize] == NO_KEY {
+            return Ok(());
+        }
+        let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        for s in first..first + count {
+            valid.set(s, true);
+            dirty.set(s, false);
+        }
+        self.store(slot, valid, dirty, 0)?;
+        let base = slot as usize * self.sectors_per_line;
+        self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        Ok(())
+    }
+
+    fn check_sectors(&self, slot: u32, first: usize, count: usize) -> Checked {
+        check(first + count <= self.sectors_per_line, || {
+            format!(
+                "sectors {first}..{} of slot {slot} lie past its {} sectors",
+                first + count,
+                self.sectors_per_line
+            )
+        })
     }
 
     /// Marks sectors valid and dirty: the cache now holds data the backing device lacks.
-    pub fn set_dirty(&mut self, slot: u32, first: usize, count: usize, now: u32) {
-        debug_assert!(first + count <= self.sectors_per_line);
+    /// `crcs` holds the checksum of each of the sectors' new data.
+    pub fn set_dirty(&mut self, slot: u32, first: usize, crcs: &[u32], now: u32) -> Checked {
+        let count = crcs.len();
+        self.check_sectors(slot, first, count)?;
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             valid.set(s, true);
             dirty.set(s, true);
         }
-        self.store(slot, valid, dirty, now);
+        self.store(slot, valid, dirty, now)?;
+        let base = slot as usize * self.sectors_per_line;
+        self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        if let Some(bits) = self.damaged.get_mut(&slot) {
+            for s in first..first + count {
+                bits.set(s, false);
+            }
+        }
+        // A rewritten sector's checksum changes the record even when its dirty bit does not:
+        // the next commit must carry it, or a FLUSH would leave the old checksum durable.
+        self.note_changed(slot);
+        Ok(())
+    }
+
+    /// The checksums of `out.len()` sectors of a slot from `first`.
+    pub fn sector_crcs(&self, slot: u32, first: usize, out: &mut [u32]) {
+        let at = slot as usize * self.sectors_per_line + first;
+        out.copy_from_slice(&self.crcs[at..at + out.len()]);
+    }
+
+    /// Whether a dirty sector's checksum may predate a newer write that landed before an
+    /// unclean stop (see `unverified`).
+    pub fn is_unverified(&self, slot: u32, sector: usize) -> bool {
+        self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1
+            && self.dirty_bits(slot).get(sector)
+    }
+
+    fn set_unverified(&mut self, slot: u32, on: bool) {
+        let bit = 1u64 << (slot % 64);
+        let word = &mut self.unverified[slot as usize / 64];
+        if on {
+            *word |= bit;
+        } else {
+            *word &= !bit;
+        }
+    }
+
+    /// Marks a dirty sector whose data failed its checksum (see `damaged`).
+    pub fn mark_damaged(&mut self, slot: u32, sector: usize) {
+        if self.dirty_bits(slot).get(sector) {
+            self.damaged.entry(slot).or_default().set(sector, true);
+        }
+    }
+
+    /// The damaged dirty sectors of a slot.
+    pub fn damaged_of(&self, slot: u32) -> SectorBitmap {
+        self.damaged.get(&slot).copied().unwrap_or_default()
+    }
+
+    /// Every slot with damaged dirty sectors.
+    pub fn damaged_slots(&self) -> Vec<(u32, LineKey, SectorBitmap)> {
+        self.damaged
+            .iter()
+            .map(|(&slot, &bits)| (slot, self.keys[slot as usize], bits))
+            .collect()
+    }
+
+    /// Accepts `crc` as an unverified sector's checksum: its data is a write newer than the
+    /// last commit. The next commit records it.
+    pub fn accept_newer_data(&mut self, slot: u32, sector: usize, crc: u32) {
+        if self.is_unverified(slot, sector) {
+            self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
+            self.note_changed(slot);
+        }
     }
 
     /// Drops sectors of a slot (valid and dirty); frees it when nothing valid remains.
-    pub fn invalidate_slot(&mut self, slot: u32, first: usize, count: usize) {
-        debug_assert!(first + count <= self.sectors_per_line);
+    pub fn invalidate_slot(&mut self, slot: u32, first: usize, count: usize) -> Checked {
+        self.check_sectors(slot, first, count)?;
         if self.keys[slot as usize] == NO_KEY {
-            return;
+            return Ok(());
         }
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             valid.set(s, false);
             dirty.set(s, false);
         }
-        self.store(slot, valid, dirty, 0);
+        self.store(slot, valid, dirty, 0)
     }
 
     /// The dirty sectors of a mapped slot.
@@ -288,39 +463,47 @@ impl MapState {
     }
 
     /// Drops the clean sectors among `first..first+count` of a line, keeping dirty ones.
-    pub fn invalidate_clean(&mut self, volume: u16, line: u64, first: usize, count: usize) {
+    pub fn invalidate_clean(
+        &mut self,
+        volume: u16,
+        line: u64,
+        first: usize,
+        count: usize,
+    ) -> Checked {
         let Some(&slot) = self.map.get(&line_key(volume, line)) else {
-            return;
+            return Ok(());
         };
+        self.check_sectors(slot, first, count)?;
         let (mut valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             if !dirty.get(s) {
                 valid.set(s, false);
             }
         }
-        self.store(slot, valid, dirty, 0);
+        self.store(slot, valid, dirty, 0)
     }
 
     /// Drops sectors of a line from the cache, if it is cached.
-    pub fn invalidate(&mut self, volume: u16, line: u64, first: usize, count: usize) {
-        if let Some(&slot) = self.map.get(&line_key(volume, line)) {
-            self.invalidate_slot(slot, first, count);
+    pub fn invalidate(&mut self, volume: u16, line: u64, first: usize, count: usize) -> Checked {
+        match self.map.get(&line_key(volume, line)) {
+            Some(&slot) => self.invalidate_slot(slot, first, count),
+            None => Ok(()),
         }
     }
 
     /// Marks written-back sectors clean, if the slot still holds the same line unchanged since
     /// the cleaner read it (`epoch`). Returns whether it did.
-    pub fn mark_clean(&mut self, line: &DirtyLine, sectors: &SectorBitmap) -> bool {
+    pub fn mark_clean(&mut self, line: &DirtyLine, sectors: &SectorBitmap) -> Checked<bool> {
         let s = line.slot as usize;
         if self.keys[s] != line.key || self.epoch[s] != line.epoch {
-            return false;
+            return Ok(false);
         }
         let mut dirty = self.dirty_bits(line.slot);
         for w in 0..4 {
             dirty.0[w] &= !sectors.0[w];
         }
-        self.store(line.slot, self.valid_bits(line.slot), dirty, 0);
-        true
+        self.store(line.slot, self.valid_bits(line.slot), dirty, 0)?;
+        Ok(true)
     }
 
     pub fn epoch_of(&self, slot: u32) -> u32 {
@@ -347,10 +530,19 @@ impl MapState {
             .take(scan);
         let mut out = Vec::new();
         for (&key, &slot) in entries {
+            // Damaged sectors are never written back.
+            let mut dirty = self.dirty_bits(slot);
+            let damaged = self.damaged_of(slot);
+            for w in 0..4 {
+                dirty.0[w] &= !damaged.0[w];
+            }
+            if dirty.is_empty() {
+                continue;
+            }
             let line = DirtyLine {
                 slot,
                 key,
-                dirty: self.dirty_bits(slot),
+                dirty,
                 epoch: self.epoch[slot as usize],
                 since: self.dirty_since[slot as usize],
             };
@@ -396,12 +588,18 @@ impl MapState {
         if key == NO_KEY {
             return LineRecord::FREE;
         }
+        let valid = self.valid_bits(slot);
+        let base = slot as usize * self.sectors_per_line;
+        let unverified = self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1;
         LineRecord {
             volume: volume_of(key),
-            flags: 0,
+            flags: if unverified { RECORD_UNVERIFIED } else { 0 },
             backing_line: line_of(key),
-            valid: self.valid_bits(slot),
+            valid,
             dirty: self.dirty_bits(slot),
+            crcs: (0..self.sectors_per_line)
+                .map(|s| if valid.get(s) { self.crcs[base + s] } else { 0 })
+                .collect(),
         }
     }
 
@@ -418,6 +616,11 @@ impl MapState {
             return LineRecord::FREE;
         }
         rec.valid = rec.dirty;
+        for (s, crc) in rec.crcs.iter_mut().enumerate() {
+            if !rec.dirty.get(s) {
+                *crc = 0;
+            }
+        }
         rec
     }
 
@@ -484,11 +687,21 @@ impl MapState {
     }
 
     /// Drops a line wherever it is, during recovery (nothing is durable-dirty yet).
-    pub fn forget_line(&mut self, volume: u16, line: u64) {
-        if let Some(&slot) = self.map.get(&line_key(volume, line)) {
-            self.maybe_durable_dirty[slot as usize] = false;
-            self.release(slot);
+    pub fn forget_line(&mut self, volume: u16, line: u64) -> Checked {
+        match self.map.get(&line_key(volume, line)) {
+            Some(&slot) => self.forget_slot(slot),
+            None => Ok(()),
         }
+    }
+
+    /// Empties a slot wherever it stands, during recovery (nothing is durable-dirty yet; the
+    /// free list is rebuilt at the end, `rebuild_free_list`).
+    pub fn forget_slot(&mut self, slot: u32) -> Checked {
+        self.maybe_durable_dirty[slot as usize] = false;
+        if self.keys[slot as usize] == NO_KEY {
+            return Ok(());
+        }
+        self.unmap(slot)
     }
 
     /// Puts back the records of a commit that failed, so the next commit writes them.
@@ -510,11 +723,12 @@ impl MapState {
     /// Restores a slot from a checkpoint or journal record (call `rebuild_free_list` after
     /// the last). Records for unknown volumes or lines past a volume's end are dropped by the
     /// caller before this.
-    pub fn restore(&mut self, slot: u32, rec: &LineRecord) {
+    /// `unverified`: the record comes from the journal after an unclean stop (see the field).
+    pub fn restore(&mut self, slot: u32, rec: &LineRecord, unverified: bool) -> Checked {
         let key = line_key(rec.volume, rec.backing_line);
         if rec.valid.is_empty() || self.map.contains_key(&key) || self.keys[slot as usize] != NO_KEY
         {
-            return;
+            return Ok(());
         }
         self.keys[slot as usize] = key;
         self.map.insert(key, slot);
@@ -528,11 +742,18 @@ impl MapState {
         for w in 0..4 {
             dirty.0[w] &= valid.0[w];
         }
-        self.store(slot, valid, dirty, 0);
+        let base = slot as usize * self.sectors_per_line;
+        for s in 0..self.sectors_per_line {
+            self.crcs[base + s] = rec.crc(s);
+        }
+        let unverified = unverified || rec.flags & RECORD_UNVERIFIED != 0;
+        self.set_unverified(slot, unverified && !dirty.is_empty());
+        self.store(slot, valid, dirty, 0)?;
         // Whatever was restored came from durable metadata.
         self.maybe_durable_dirty[slot as usize] = !dirty.is_empty();
         self.is_changed[slot as usize] = false;
         self.changed.retain(|&s| s != slot);
+        Ok(())
     }
 }
 
@@ -543,4 +764,61 @@ pub struct Occupancy {
     pub sectors: u64,
     pub dirty_lines: u64,
     pub dirty_sectors: u64,
+}
+
+#[cfg(test)]
+impl MapState {
+    /// Puts a slot that the durable metadata may call dirty on the free list: the bug the
+    /// reuse check exists for.
+    pub(crate) fn break_free_list_for_test(&mut self) -> u32 {
+        let slot = self.free.pop().unwrap_or(0);
+        self.maybe_durable_dirty[slot as usize] = true;
+        self.free.push(slot);
+        slot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy;
+
+    fn map(lines: u32) -> MapState {
+        MapState::new(lines, 16, policy::by_id(0, lines).expect("lru"))
+    }
+
+    #[test]
+    fn a_possibly_durably_dirty_slot_is_never_handed_out() {
+        let mut m = map(64);
+        let locks = LineLocks::new();
+        let slot = m.break_free_list_for_test();
+        let err = m.allocate(0, 7, &locks).expect_err("reuse must be refused");
+        assert!(err.0.contains(&format!("slot {slot}")), "{err:?}");
+    }
+
+    #[test]
+    fn stores_into_free_slots_and_double_releases_are_refused() {
+        let mut m = map(64);
+        assert!(
+            m.set_dirty(3, 0, &[1], 0).is_err(),
+            "store into a free slot"
+        );
+        let locks = LineLocks::new();
+        let slot = m.allocate(0, 1, &locks).unwrap().unwrap();
+        assert!(
+            m.set_dirty(slot, 15, &[1, 2], 0).is_err(),
+            "sectors past the line"
+        );
+        m.set_dirty(slot, 0, &[1], 0).unwrap();
+        m.invalidate_slot(slot, 0, 1).unwrap();
+        assert!(m.release(slot).is_err(), "released twice");
+    }
+
+    #[test]
+    fn a_second_slot_for_a_mapped_line_is_refused() {
+        let mut m = map(64);
+        let locks = LineLocks::new();
+        m.allocate(0, 9, &locks).unwrap().unwrap();
+        assert!(m.allocate(0, 9, &locks).is_err());
+    }
 }

@@ -1,13 +1,14 @@
 //! One backing device served through the cache: the read and write paths of each mode.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
-use ssdcache_format::{CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
+use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
 use crate::admission::{Admission, NHitAdmission, StreamDetector};
-use crate::cache::CacheCore;
+use crate::cache::{CacheCore, Mismatch};
+use crate::commit::{Backing, CommitPurpose};
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
 
@@ -43,11 +44,10 @@ pub enum Counter {
     /// Bytes of missed lines that admission kept out of the cache (served from or written to
     /// the backing device only).
     BytesNotAdmitted,
-}
-
-thread_local! {
-    /// One line of scratch space per thread for whole-line fills (no allocation per miss).
-    static LINE_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
+    /// Sectors read from the cache whose data did not match its checksum (a damaged or lost
+    /// cache region): clean ones were dropped and read from the backing device, dirty ones
+    /// refused.
+    ChecksumErrors,
 }
 
 /// The part of a request that falls in one cache line.
@@ -74,6 +74,9 @@ pub enum VolumeState {
     /// Write-back after cache-device errors: new writes go to the backing device; dirty data
     /// still in the cache is at risk (reads of it fail rather than return stale data).
     CacheFailed,
+    /// The backing device failed a flush: writes it covered may be lost, so every FLUSH of the
+    /// volume fails until the daemon restarts (reads and writes go on).
+    BackingFlushFailed,
 }
 
 impl VolumeState {
@@ -82,6 +85,7 @@ impl VolumeState {
             VolumeState::Healthy => "healthy",
             VolumeState::PassThroughAfterErrors => "pass-through after cache errors",
             VolumeState::CacheFailed => "cache failed, dirty data at risk",
+            VolumeState::BackingFlushFailed => "backing device failed a flush, FLUSH refused",
         }
     }
 }
@@ -115,10 +119,13 @@ pub struct Volume {
     name: String,
     mode: AtomicU8,
     configured_mode: AtomicU8,
+    /// Held (shared) by every write for its whole duration and (exclusive) by a mode change:
+    /// once a change to a mode that makes no dirty data returns, no write-back write that
+    /// read the old mode is still running, so every dirty line is in the map for the drain.
+    mode_gate: RwLock<()>,
     state: AtomicU8,
     read_only: bool,
     size: u64,
-    backing: Arc<dyn BlockDevice>,
     core: Arc<CacheCore>,
     streams: Mutex<StreamDetector>,
     admission: Admission,
@@ -168,7 +175,6 @@ impl Volume {
         slot: &VolumeSlot,
         admission: Admission,
         index: usize,
-        backing: Arc<dyn BlockDevice>,
         core: Arc<CacheCore>,
     ) -> Volume {
         let lines = usize::try_from(core.layout.line_count).unwrap_or(usize::MAX);
@@ -178,10 +184,10 @@ impl Volume {
             name: slot.name.clone(),
             mode: AtomicU8::new(mode_code(slot.mode)),
             configured_mode: AtomicU8::new(mode_code(slot.mode)),
+            mode_gate: RwLock::new(()),
             state: AtomicU8::new(0),
             read_only: slot.read_only,
             size: slot.backing.size,
-            backing,
             core,
             streams: Mutex::new(StreamDetector::new(slot.sequential_cutoff)),
             admission,
@@ -211,8 +217,9 @@ impl Volume {
             _ => VolumeState::Healthy,
         }
     }
-    pub(crate) fn backing(&self) -> &Arc<dyn BlockDevice> {
-        &self.backing
+    /// The backing device, with its writes counted against its flushes (`commit.rs`).
+    pub(crate) fn backing(&self) -> &Backing {
+        &self.core.backings[self.index]
     }
     pub(crate) fn count_pub(&self, c: Counter, n: u64) {
         self.count(c, n);
@@ -221,14 +228,17 @@ impl Volume {
     /// Serves requests in `mode` from now on. Leaving write-back needs the dirty data written
     /// back first: see `Cache::set_mode`.
     pub(crate) fn set_mode(&self, mode: CacheMode) {
+        let _no_write_running = self.mode_gate.write().unwrap_or_else(|p| p.into_inner());
         self.mode.store(mode_code(mode), Ordering::Release);
         self.configured_mode
             .store(mode_code(mode), Ordering::Release);
     }
 
     /// Serves writes in `mode` for now, the configured mode unchanged (while a mode change
-    /// waits for the dirty data to be written back).
+    /// waits for the dirty data to be written back). Returns once no write that read the old
+    /// mode is still running.
     pub(crate) fn set_serving_mode(&self, mode: CacheMode) {
+        let _no_write_running = self.mode_gate.write().unwrap_or_else(|p| p.into_inner());
         self.mode.store(mode_code(mode), Ordering::Release);
     }
 
@@ -307,11 +317,17 @@ impl Volume {
             bytes_cached: o.sectors * SECTOR_SIZE,
             dirty_lines: o.dirty_lines,
             dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
-            state: self.state(),
+            state: if self.backing().flush_failed() {
+                VolumeState::BackingFlushFailed
+            } else {
+                self.state()
+            },
         }
     }
 
+    /// Refuses a request past the end or misaligned, and every request once the engine halted.
     fn check(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.check_running()?;
         if !offset.is_multiple_of(SECTOR_SIZE) || !length.is_multiple_of(SECTOR_SIZE) {
             return Err(EngineError::Misaligned { offset, length });
         }
@@ -364,7 +380,7 @@ impl Volume {
     fn backing_err(&self, source: std::io::Error) -> EngineError {
         self.count(Counter::BackingErrors, 1);
         EngineError::Backing {
-            device: self.backing.describe(),
+            device: self.backing().describe(),
             source,
         }
     }
@@ -393,9 +409,10 @@ impl Volume {
 
     fn degrade(&self, state: VolumeState) {
         let code = match state {
-            VolumeState::Healthy => 0,
             VolumeState::PassThroughAfterErrors => 1,
             VolumeState::CacheFailed => 2,
+            // Not states of the cache device (the backing one's is read from it directly).
+            VolumeState::Healthy | VolumeState::BackingFlushFailed => return,
         };
         if self.state.swap(code, Ordering::AcqRel) != code {
             let dirty = self.core.map().occupancy(self.id).dirty_sectors * SECTOR_SIZE;
@@ -410,7 +427,7 @@ impl Volume {
 
     fn read_backing(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.core.note_client_backing_io();
-        self.backing
+        self.backing()
             .read_at(buf, offset)
             .map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesFromBacking, buf.len() as u64);
@@ -419,8 +436,7 @@ impl Volume {
 
     fn write_backing(&self, data: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.core.note_client_backing_io();
-        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-        self.backing
+        self.backing()
             .write_at(data, offset)
             .map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesToBacking, data.len() as u64);
@@ -430,12 +446,9 @@ impl Volume {
         Ok(())
     }
 
+    /// Makes every write that returned from the backing device before this call durable.
     fn flush_backing(&self) -> Result<()> {
-        self.core.backing_unflushed[self.index].store(false, Ordering::Release);
-        self.backing.flush().map_err(|e| {
-            self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-            self.backing_err(e)
-        })
+        self.backing().flush().map_err(|e| self.backing_err(e))
     }
 
     fn slot_offset(&self, slot: u32, seg: &Segment) -> u64 {
@@ -536,16 +549,62 @@ impl Volume {
     /// clean data drops it and reports a miss, so the backing device serves it; on dirty data
     /// it is an error (the backing device's copy is stale).
     fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
-        let Some(slot) = Self::cached_slot(&mut self.core.map(), self.id, seg) else {
-            return Ok(false);
+        let mut crcs = [0u32; MAX_SECTORS];
+        let crcs = &mut crcs[..seg.sectors];
+        let slot = {
+            let mut map = self.core.map();
+            let Some(slot) = Self::cached_slot(&mut map, self.id, seg) else {
+                return Ok(false);
+            };
+            map.sector_crcs(slot, seg.first_sector, crcs);
+            slot
         };
-        match self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
-            Ok(()) => {
-                self.count(Counter::BytesFromCache, seg.len as u64);
-                Ok(true)
-            }
-            Err(e) => self.cache_read_failed(slot, seg.first_sector, seg.sectors, e),
+        if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
+            return self.cache_read_failed(slot, seg.first_sector, seg.sectors, e);
         }
+        if !self.verify_cached(slot, seg.line, seg.first_sector, buf, crcs)? {
+            return Ok(false);
+        }
+        self.count(Counter::BytesFromCache, seg.len as u64);
+        Ok(true)
+    }
+
+    /// Checks sectors read from `slot` (sector `first` onwards, of `line`) against their
+    /// checksums. A sector that fails (and is not a newer write kept after an unclean stop:
+    /// `CacheCore::settle_mismatch`) is handled as a cache read error of that sector: a clean
+    /// one is dropped and `Ok(false)` says to read it from the backing device; a dirty one
+    /// fails the read, since the backing device's copy is older.
+    fn verify_cached(
+        &self,
+        slot: u32,
+        line: u64,
+        first: usize,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<bool> {
+        for (i, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
+            if sector_crc(sector) == crcs[i] {
+                continue;
+            }
+            let s = first + i;
+            if self.core.settle_mismatch(slot, s, sector) == Mismatch::NewerWrite {
+                continue;
+            }
+            self.count(Counter::ChecksumErrors, 1);
+            let at = line * self.core.layout.line_size + s as u64 * SECTOR_SIZE;
+            let err = std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "cached data of volume '{}' bytes [{at}, +{SECTOR_SIZE}) does not match its \
+                     checksum (a lost, zeroed or damaged cache region)",
+                    self.name
+                ),
+            );
+            if !self.cache_read_failed(slot, s, 1, err)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// After a failed cache read of sectors of `slot`: clean ones are dropped (the backing
@@ -568,8 +627,9 @@ impl Volume {
             self.cache_failed(std::io::Error::other(err.to_string()));
             return Err(err);
         }
-        map.invalidate_slot(slot, first, count);
+        let dropped = map.invalidate_slot(slot, first, count);
         drop(map);
+        dropped.map_err(|crate::map::Invariant(what)| self.core.halt(what))?;
         self.cache_failed(e);
         Ok(false)
     }
@@ -577,9 +637,15 @@ impl Volume {
     /// Lays the cached sectors of a range over `buf`, which holds the backing device's data:
     /// cached sectors may be dirty (newer than the backing device).
     fn overlay_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut crcs = [0u32; MAX_SECTORS];
         for seg in self.segments(offset, buf.len() as u64) {
-            let Some(hit) = self.core.map().peek(self.id, seg.line) else {
-                continue;
+            let hit = {
+                let map = self.core.map();
+                let Some(hit) = map.peek(self.id, seg.line) else {
+                    continue;
+                };
+                map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
+                hit
             };
             let end = seg.first_sector + seg.sectors;
             let mut s = seg.first_sector;
@@ -590,17 +656,40 @@ impl Volume {
                 }
                 let run_end = (s..end).find(|&t| !hit.valid.get(t)).unwrap_or(end);
                 let at = seg.buf_at + (s - seg.first_sector) * SECTOR_SIZE as usize;
-                let len = (run_end - s) * SECTOR_SIZE as usize;
-                let from =
-                    self.core.layout.slot_offset(u64::from(hit.slot)) + s as u64 * SECTOR_SIZE;
-                match self.core.dev.read_at(&mut buf[at..at + len], from) {
-                    Ok(()) => self.count(Counter::BytesFromCache, len as u64),
-                    Err(e) => {
-                        // Clean sectors are already right in `buf` (read from the backing device).
-                        self.cache_read_failed(hit.slot, s, run_end - s, e)?;
-                    }
-                }
+                let run = &mut buf[at..at + (run_end - s) * SECTOR_SIZE as usize];
+                self.overlay_run(&seg, hit.slot, s, run, &crcs[s - seg.first_sector..])?;
                 s = run_end;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads cached sectors `first..` of `slot` over `run` (which holds the backing device's
+    /// copy), checked against `crcs`. A clean sector the cache cannot give back is dropped and
+    /// read again from the backing device; a dirty one fails the read.
+    fn overlay_run(
+        &self,
+        seg: &Segment,
+        slot: u32,
+        first: usize,
+        run: &mut [u8],
+        crcs: &[u32],
+    ) -> Result<()> {
+        let mut cached = AlignedBuf::zeroed(run.len());
+        let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
+        if let Err(e) = self.core.dev.read_at(&mut cached, from) {
+            // `run` still holds the backing device's copy, right for clean sectors.
+            self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
+            return Ok(());
+        }
+        let sectors = run
+            .chunks_mut(SECTOR_SIZE as usize)
+            .zip(cached.chunks(SECTOR_SIZE as usize));
+        for (i, (out, sector)) in sectors.enumerate() {
+            // A clean sector that fails is dropped: the backing copy in `out` stays.
+            if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
+                out.copy_from_slice(sector);
+                self.count(Counter::BytesFromCache, SECTOR_SIZE);
             }
         }
         Ok(())
@@ -634,7 +723,7 @@ impl Volume {
             for seg in self.segments(first.offset, (end - start) as u64) {
                 if self.fills(fill, &seg) {
                     let at = start + seg.buf_at;
-                    self.fill(&seg, &buf[at..at + seg.len]);
+                    self.fill(&seg, &buf[at..at + seg.len])?;
                 }
             }
         }
@@ -646,19 +735,17 @@ impl Volume {
     /// used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
     fn read_missing_partial_line(&self, seg: &Segment, buf: &mut [u8]) -> Result<()> {
         let whole = self.whole_line(seg.line);
-        let filled = LINE_SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            scratch.resize_discarding(whole.len);
-            self.read_backing(&mut scratch, whole.offset)?;
-            if self.overlay_cached(whole.offset, &mut scratch).is_err() {
-                // Dirty data elsewhere in the line is unreadable: serve just the request.
-                return Ok(false);
-            }
+        // Allocated per miss, not kept per thread: a server runs thousands of worker threads,
+        // and a miss waits for the disk anyway.
+        let mut scratch = AlignedBuf::zeroed(whole.len);
+        self.read_backing(&mut scratch, whole.offset)?;
+        // Dirty data elsewhere in the line that is unreadable: serve just the request.
+        let filled = self.overlay_cached(whole.offset, &mut scratch).is_ok();
+        if filled {
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
-            self.fill(&whole, &scratch);
-            Ok::<bool, EngineError>(true)
-        })?;
+            self.fill(&whole, &scratch)?;
+        }
         if !filled {
             self.read_backing(buf, seg.offset)?;
             self.overlay_cached(seg.offset, buf)?;
@@ -686,53 +773,71 @@ impl Volume {
     /// already carry the cached sectors of the segment (a fill never changes dirty data). A
     /// cache error only drops the line: the backing device has the data. Returns whether the
     /// line was cached already.
-    fn fill(&self, seg: &Segment, data: &[u8]) -> bool {
-        let Some((slot, cached)) = self.slot_for(seg) else {
-            return false; // every line busy or dirty: skip caching this one
+    fn fill(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, false)
+    }
+
+    /// Puts data that a write just wrote through to the backing device in the cache: it
+    /// supersedes any dirty sectors of the segment (left by write-back while a mode change
+    /// drains), which become clean with the new data and its checksums.
+    fn put_written_through(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, true)
+    }
+
+    fn put_clean(&self, seg: &Segment, data: &[u8], supersedes_dirty: bool) -> Result<bool> {
+        let Some((slot, cached)) = self.slot_for(seg)? else {
+            return Ok(false); // every line busy or dirty: skip caching this one
         };
         match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
             Ok(()) => {
                 self.count(Counter::BytesToCache, seg.len as u64);
-                self.core
-                    .map()
-                    .set_clean_valid(slot, seg.first_sector, seg.sectors);
+                let mut crcs = [0u32; MAX_SECTORS];
+                let crcs = sector_crcs(data, &mut crcs);
+                self.core.with_map(|m| {
+                    if supersedes_dirty {
+                        m.set_written_through(slot, seg.first_sector, crcs)
+                    } else {
+                        m.set_clean_valid(slot, seg.first_sector, crcs)
+                    }
+                })?;
             }
             Err(e) => {
                 self.core
-                    .map()
-                    .invalidate_slot(slot, seg.first_sector, seg.sectors);
+                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
                 self.cache_failed(e);
             }
         }
-        cached
+        Ok(cached)
     }
 
     /// The slot caching a segment's line, allocated if needed, and whether the line was cached
     /// already; `None` when no slot can be freed.
-    fn slot_for(&self, seg: &Segment) -> Option<(u32, bool)> {
-        let mut map = self.core.map();
-        match map.lookup(self.id, seg.line) {
-            Some(hit) => Some((hit.slot, true)),
-            None => map
-                .allocate(self.id, seg.line, &self.core.locks)
-                .map(|slot| (slot, false)),
-        }
+    fn slot_for(&self, seg: &Segment) -> Result<Option<(u32, bool)>> {
+        self.core
+            .with_map(|map| match map.lookup(self.id, seg.line) {
+                Some(hit) => Ok(Some((hit.slot, true))),
+                None => Ok(map
+                    .allocate(self.id, seg.line, &self.core.locks)?
+                    .map(|slot| (slot, false))),
+            })
     }
 
-    fn invalidate(&self, offset: u64, length: u64) {
-        let mut map = self.core.map();
-        for seg in self.segments(offset, length) {
-            map.invalidate(self.id, seg.line, seg.first_sector, seg.sectors);
-        }
+    fn invalidate(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.with_map(|map| {
+            self.segments(offset, length).try_for_each(|seg| {
+                map.invalidate(self.id, seg.line, seg.first_sector, seg.sectors)
+            })
+        })
     }
 
     /// After a failed backing write of a range: clean cached copies no longer match the
     /// backing device and are dropped; dirty ones stay (they are newer than either).
-    fn invalidate_clean(&self, offset: u64, length: u64) {
-        let mut map = self.core.map();
-        for seg in self.segments(offset, length) {
-            map.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors);
-        }
+    fn invalidate_clean(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.with_map(|map| {
+            self.segments(offset, length).try_for_each(|seg| {
+                map.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
+            })
+        })
     }
 
     /// Writes `data` at `offset`; with `fua`, durable before returning.
@@ -744,6 +849,7 @@ impl Volume {
         if length == 0 {
             return Ok(());
         }
+        let _mode_fixed = self.mode_gate.read().unwrap_or_else(|p| p.into_inner());
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         let mode = self.mode();
@@ -753,7 +859,15 @@ impl Volume {
         }
         match mode {
             CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
-                self.write_through(offset, data, fua)
+                self.write_through(offset, data, fua)?;
+                drop(held);
+                if fua && self.needs_commit() {
+                    // The write may have superseded dirty sectors (while a mode change drains
+                    // them): the journal must say so before the write counts as durable, or
+                    // recovery would bring the old data back.
+                    self.commit()?;
+                }
+                Ok(())
             }
             CacheMode::WriteBack if !bypass && self.caches_writes_back() => {
                 self.write_back(offset, data)?;
@@ -766,7 +880,7 @@ impl Volume {
             _ => {
                 self.write_around(offset, data, fua)?;
                 drop(held);
-                if fua && self.dirty_possible() {
+                if fua && self.needs_commit() {
                     // The write may have superseded dirty data: the journal must say so before
                     // the write counts as durable, or recovery would bring the old data back.
                     self.commit()?;
@@ -776,6 +890,18 @@ impl Volume {
         }
     }
 
+    /// Whether a FLUSH or FUA must run a commit: the cache may hold dirty data, or a change to
+    /// it waits to be recorded. When neither shows, a commit another thread runs may still be
+    /// recording a change this request depends on (it took the change from the list): wait for
+    /// it to end, then look again (a failed one puts its changes back).
+    fn needs_commit(&self) -> bool {
+        if self.dirty_possible() {
+            return true;
+        }
+        self.core.wait_for_commit_in_flight();
+        self.dirty_possible()
+    }
+
     fn dirty_possible(&self) -> bool {
         self.configured_mode() == CacheMode::WriteBack || {
             let map = self.core.map();
@@ -783,49 +909,33 @@ impl Volume {
         }
     }
 
-    /// Commits the journal. After a failed commit the dirty data in the cache may not be
-    /// durable: every flush fails while any of it is left, and the volume stops caching new
-    /// writes (they go to the backing device) until the cleaner has written it all back.
+    /// Commits the journal for a FLUSH or FUA. After a failed commit the dirty data in the
+    /// cache may not be durable: every such commit fails while any of it is left (checked by
+    /// the commit under the journal lock), and the volume stops caching new writes (they go to
+    /// the backing device) until the cleaner has written it all back.
     fn commit(&self) -> Result<()> {
-        if self.core.commit_failed.load(Ordering::Acquire) && self.has_dirty() {
-            return Err(EngineError::CacheDevice {
-                device: self.core.dev.describe(),
-                source: std::io::Error::other(
-                    "an earlier metadata commit failed; dirty data in the cache may not be \
-                     durable until it is written back",
-                ),
-            });
+        let result = self.core.commit(CommitPurpose::Durability);
+        if let Err(EngineError::CacheDevice { source, .. }) = &result {
+            self.cache_failed(std::io::Error::new(source.kind(), source.to_string()));
         }
-        match self.core.commit() {
-            Ok(()) => {
-                self.core.commit_failed.store(false, Ordering::Release);
-                Ok(())
-            }
-            Err(e) => {
-                if let EngineError::CacheDevice { source, .. } = &e {
-                    self.cache_failed(std::io::Error::new(source.kind(), source.to_string()));
-                }
-                Err(e)
-            }
-        }
+        result
     }
 
     /// To the backing device only; cached copies of the range are dropped after the write
     /// succeeded (dirty ones included: the new data supersedes them).
     fn write_around(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
-            self.invalidate_clean(offset, data.len() as u64);
+            self.invalidate_clean(offset, data.len() as u64)?;
             return Err(e);
         }
-        self.invalidate(offset, data.len() as u64);
-        Ok(())
+        self.invalidate(offset, data.len() as u64)
     }
 
     /// Backing first (the cache never holds the only copy), then the cache.
     fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
             // The backing contents of the range are now unknown: the cache must not claim them.
-            self.invalidate_clean(offset, data.len() as u64);
+            self.invalidate_clean(offset, data.len() as u64)?;
             return Err(e);
         }
         let mut hit = false;
@@ -833,7 +943,7 @@ impl Volume {
             // A line not admitted stays out of the cache: the write went around it (the line
             // has no cached copy to drop).
             if self.admits(&seg) {
-                hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len]);
+                hit |= self.put_written_through(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
             }
         }
         if hit {
@@ -846,36 +956,25 @@ impl Volume {
     /// line admission keeps out, that gets no line (the cache is full of dirty data) or whose
     /// cache write fails goes to the backing device instead (as write-around: the FLUSH or
     /// FUA that follows flushes the backing device too).
+    ///
+    /// Sectors of zeroes go to the backing device too: after an unclean stop a dirty sector
+    /// that reads as zeroes but whose recorded checksum says otherwise is taken for a lost
+    /// cache region (docs/design.md §4.8), so a zero sector must never be written in place
+    /// of dirty data the journal may still name.
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<()> {
         let mut hit = false;
         let now = self.core.now_secs();
         for seg in self.segments(offset, data.len() as u64) {
-            let part = &data[seg.buf_at..seg.buf_at + seg.len];
             if !self.admits(&seg) {
-                self.write_around(seg.offset, part, false)?;
+                self.write_around(seg.offset, &data[seg.buf_at..seg.buf_at + seg.len], false)?;
                 continue;
             }
-            let Some((slot, cached)) = self.slot_for(&seg) else {
-                self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
-                self.write_around(seg.offset, part, false)?;
-                continue;
-            };
-            hit |= cached;
-            match self.core.dev.write_at(part, self.slot_offset(slot, &seg)) {
-                Ok(()) => {
-                    self.count(Counter::BytesToCache, seg.len as u64);
-                    self.core
-                        .map()
-                        .set_dirty(slot, seg.first_sector, seg.sectors, now);
-                }
-                Err(e) => {
-                    // What the slot now holds for these sectors is unknown; the new data goes
-                    // to the backing device and supersedes any older dirty copy.
-                    self.cache_failed(e);
-                    self.write_backing(part, seg.offset, false)?;
-                    self.core
-                        .map()
-                        .invalidate_slot(slot, seg.first_sector, seg.sectors);
+            for (run, zeroes) in sector_runs(seg, data) {
+                let part = &data[run.buf_at..run.buf_at + run.len];
+                if zeroes {
+                    self.write_around(run.offset, part, false)?;
+                } else {
+                    hit |= self.write_back_segment(&run, part, now)?;
                 }
             }
         }
@@ -889,12 +988,41 @@ impl Volume {
         Ok(())
     }
 
+    /// Writes one segment into its cache line, marked dirty. Returns whether the line was
+    /// cached already.
+    fn write_back_segment(&self, seg: &Segment, part: &[u8], now: u32) -> Result<bool> {
+        let Some((slot, cached)) = self.slot_for(seg)? else {
+            self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
+            self.write_around(seg.offset, part, false)?;
+            return Ok(false);
+        };
+        match self.core.dev.write_at(part, self.slot_offset(slot, seg)) {
+            Ok(()) => {
+                self.count(Counter::BytesToCache, seg.len as u64);
+                let mut crcs = [0u32; MAX_SECTORS];
+                let crcs = sector_crcs(part, &mut crcs);
+                self.core
+                    .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
+            }
+            Err(e) => {
+                // What the slot now holds for these sectors is unknown; the new data goes
+                // to the backing device and supersedes any older dirty copy.
+                self.cache_failed(e);
+                self.write_backing(part, seg.offset, false)?;
+                self.core
+                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
+            }
+        }
+        Ok(cached)
+    }
+
     /// Makes every completed write durable: the backing device flushed and, when the cache
     /// may hold dirty data, the journal committed.
     pub fn flush(&self) -> Result<()> {
+        self.core.check_running()?;
         self.count(Counter::Flushes, 1);
         self.flush_backing()?;
-        if self.dirty_possible() {
+        if self.needs_commit() {
             self.commit()?;
         }
         Ok(())
@@ -930,12 +1058,11 @@ impl Volume {
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         self.core.note_client_backing_io();
-        self.core.backing_unflushed[self.index].store(true, Ordering::Release);
-        if let Err(e) = on_backing(&*self.backing) {
-            self.invalidate_clean(offset, length);
+        if let Err(e) = self.backing().write_with(on_backing) {
+            self.invalidate_clean(offset, length)?;
             return Err(self.backing_err(e));
         }
-        self.invalidate(offset, length);
+        self.invalidate(offset, length)?;
         drop(held);
         if fua {
             self.flush()?;
@@ -969,3 +1096,46 @@ impl Volume {
 
 /// Changed line records that make a write-back writer commit on its own.
 const COMMIT_BATCH: usize = 4096;
+
+/// Sectors in the largest line (1 MiB), for per-segment arrays on the stack.
+const MAX_SECTORS: usize = (ssdcache_format::MAX_LINE_SIZE / SECTOR_SIZE) as usize;
+
+/// Splits a segment into runs of whole sectors that are all zeroes in `data` (the request's
+/// buffer) and runs that are not: `(run, zeroes)`.
+fn sector_runs(seg: Segment, data: &[u8]) -> impl Iterator<Item = (Segment, bool)> + '_ {
+    let sector = SECTOR_SIZE as usize;
+    let is_zero = move |i: usize| {
+        let at = seg.buf_at + i * sector;
+        data[at..at + sector].iter().all(|&b| b == 0)
+    };
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= seg.sectors {
+            return None;
+        }
+        let zeroes = is_zero(i);
+        let end = (i + 1..seg.sectors)
+            .find(|&j| is_zero(j) != zeroes)
+            .unwrap_or(seg.sectors);
+        let run = Segment {
+            line: seg.line,
+            offset: seg.offset + (i * sector) as u64,
+            buf_at: seg.buf_at + i * sector,
+            len: (end - i) * sector,
+            first_sector: seg.first_sector + i,
+            sectors: end - i,
+            in_line: seg.in_line + (i * sector) as u64,
+        };
+        i = end;
+        Some((run, zeroes))
+    })
+}
+
+/// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
+pub(crate) fn sector_crcs<'a>(data: &[u8], out: &'a mut [u32; MAX_SECTORS]) -> &'a [u32] {
+    let n = data.len() / SECTOR_SIZE as usize;
+    for (crc, sector) in out.iter_mut().zip(data.chunks(SECTOR_SIZE as usize)) {
+        *crc = sector_crc(sector);
+    }
+    &out[..n]
+}

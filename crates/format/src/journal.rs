@@ -137,6 +137,8 @@ mod tests {
         rec.volume = 1;
         rec.backing_line = 99;
         rec.dirty.set(3, true);
+        rec.valid.set(3, true);
+        rec.crcs = (0..16).map(|s| 0xabc0 + s).collect();
         let entries = vec![JournalEntry {
             slot: 5,
             record: rec,

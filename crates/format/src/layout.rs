@@ -177,8 +177,9 @@ mod tests {
     fn metadata_overhead_is_small() {
         let l = Layout::compute(100 << 30, 65536).expect("layout");
         let overhead = l.data_offset as f64 / l.cache_size as f64;
-        // Checkpoint (0.05%) plus a journal room for two compactions (0.2%).
-        assert!(overhead < 0.004, "overhead {overhead}");
+        // Checkpoint (0.15%: 96-byte records, a third of them sector checksums) plus a journal
+        // with room for two compactions (0.4%).
+        assert!(overhead < 0.006, "overhead {overhead}");
     }
 
     #[test]

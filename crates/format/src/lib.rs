@@ -20,7 +20,7 @@ pub mod lines;
 pub mod superblock;
 
 pub use layout::{Layout, LayoutError};
-pub use lines::{LineRecord, MetaPage, MetaPageError, SectorBitmap};
+pub use lines::{sector_crc, LineRecord, MetaPage, MetaPageError, SectorBitmap};
 pub use superblock::{
     BackingIdentity, BackingKind, CacheMode, CacheState, Superblock, SuperblockError,
     VolumeCounters, VolumeSlot,
@@ -31,5 +31,6 @@ pub const SECTOR_SIZE: u64 = 4096;
 /// Smallest and largest cache line size accepted at create.
 pub const MIN_LINE_SIZE: u64 = 4096;
 pub const MAX_LINE_SIZE: u64 = 1 << 20;
-/// Current on-disk format version. A reader refuses a newer major version.
-pub const FORMAT_VERSION: u32 = 1;
+/// Current on-disk format version. A reader refuses a newer version, and version 1 (development
+/// builds before line records carried sector checksums).
+pub const FORMAT_VERSION: u32 = 2;

@@ -1,5 +1,6 @@
 //! Line records: what one cache line holds (which volume, which backing line, which sectors are
-//! valid and dirty), and the 4 KiB checksummed pages that store them.
+//! valid and dirty, and a CRC32C of each valid sector's data), and the 4 KiB checksummed pages
+//! that store them.
 
 use crate::bytes::{crc_with_hole, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use crate::SECTOR_SIZE;
@@ -31,7 +32,11 @@ impl SectorBitmap {
 /// Volume id of a free line record.
 pub const FREE_VOLUME: u16 = u16::MAX;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Record flag: the checksums of the line's dirty sectors came from a journal replay after an
+/// unclean stop and may predate a write that landed before it (docs/design.md §4.8).
+pub const RECORD_UNVERIFIED: u16 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineRecord {
     /// Volume slot index, or `FREE_VOLUME`.
     pub volume: u16,
@@ -40,6 +45,16 @@ pub struct LineRecord {
     pub backing_line: u64,
     pub valid: SectorBitmap,
     pub dirty: SectorBitmap,
+    /// CRC32C of each sector's data (index = sector of the line); meaningful for valid
+    /// sectors, 0 for the others. Empty means all zero (a free record). Data written back or
+    /// served from the cache is checked against it, so a lost or damaged cache region is
+    /// caught before its contents reach a client or the backing device.
+    pub crcs: Vec<u32>,
+}
+
+/// CRC32C of one sector's data, as line records store it.
+pub fn sector_crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
 }
 
 impl LineRecord {
@@ -49,6 +64,7 @@ impl LineRecord {
         backing_line: 0,
         valid: SectorBitmap([0; 4]),
         dirty: SectorBitmap([0; 4]),
+        crcs: Vec::new(),
     };
 
     /// Bytes of one bitmap on disk: one bit per sector, at least 8 bytes.
@@ -56,9 +72,20 @@ impl LineRecord {
         ((line_size / SECTOR_SIZE) as usize).div_ceil(8).max(8)
     }
 
-    /// Bytes of one encoded record: 16-byte header, valid bitmap, dirty bitmap.
+    /// Sectors in a line, which is also the number of sector checksums a record holds.
+    pub fn sectors(line_size: u64) -> usize {
+        (line_size / SECTOR_SIZE) as usize
+    }
+
+    /// Bytes of one encoded record: 16-byte header, valid bitmap, dirty bitmap, one CRC32C per
+    /// sector.
     pub fn encoded_size(line_size: u64) -> usize {
-        16 + 2 * Self::bitmap_bytes(line_size)
+        16 + 2 * Self::bitmap_bytes(line_size) + 4 * Self::sectors(line_size)
+    }
+
+    /// The stored checksum of sector `s` (0 when none is stored).
+    pub fn crc(&self, s: usize) -> u32 {
+        self.crcs.get(s).copied().unwrap_or(0)
     }
 
     pub fn is_free(&self) -> bool {
@@ -73,6 +100,9 @@ impl LineRecord {
         put_u32(out, 12, 0);
         put_bitmap(&mut out[16..16 + bm], &self.valid);
         put_bitmap(&mut out[16 + bm..16 + 2 * bm], &self.dirty);
+        for s in 0..Self::sectors(line_size) {
+            put_u32(out, 16 + 2 * bm + 4 * s, self.crc(s));
+        }
     }
 
     pub fn decode(line_size: u64, buf: &[u8]) -> LineRecord {
@@ -83,6 +113,9 @@ impl LineRecord {
             flags: get_u16(buf, 10),
             valid: get_bitmap(&buf[16..16 + bm]),
             dirty: get_bitmap(&buf[16 + bm..16 + 2 * bm]),
+            crcs: (0..Self::sectors(line_size))
+                .map(|s| get_u32(buf, 16 + 2 * bm + 4 * s))
+                .collect(),
         }
     }
 }
@@ -215,25 +248,32 @@ mod tests {
             backing_line: line,
             valid: SectorBitmap(valid),
             dirty: SectorBitmap::default(),
+            crcs: (0..16).map(|s| 0x1000 + s).collect(),
         }
     }
 
     #[test]
     fn record_sizes() {
-        assert_eq!(LineRecord::encoded_size(4096), 32);
-        assert_eq!(LineRecord::encoded_size(65536), 32);
-        assert_eq!(LineRecord::encoded_size(1 << 20), 80);
-        assert_eq!(MetaPage::records_per_page(65536), 127);
+        assert_eq!(LineRecord::encoded_size(4096), 36);
+        assert_eq!(LineRecord::encoded_size(65536), 96);
+        assert_eq!(LineRecord::encoded_size(1 << 20), 1104);
+        assert_eq!(MetaPage::records_per_page(65536), 42);
+        assert_eq!(MetaPage::records_per_page(1 << 20), 3);
     }
 
     #[test]
     fn page_detects_corruption_and_wrong_checkpoint() {
         let recs = vec![record(0, 7, [0xffff, 0, 0, 0]), LineRecord::FREE];
         let mut page = vec![0u8; 4096];
-        MetaPage::encode(5, 127, 65536, &recs, &mut page);
-        assert_eq!(MetaPage::decode(&page, 5, 127, 65536), Ok(recs));
+        MetaPage::encode(5, 42, 65536, &recs, &mut page);
+        let mut free_decoded = LineRecord::FREE;
+        free_decoded.crcs = vec![0; 16];
+        assert_eq!(
+            MetaPage::decode(&page, 5, 42, 65536),
+            Ok(vec![recs[0].clone(), free_decoded])
+        );
         assert!(matches!(
-            MetaPage::decode(&page, 6, 127, 65536),
+            MetaPage::decode(&page, 6, 42, 65536),
             Err(MetaPageError::WrongCheckpoint { .. })
         ));
         assert!(matches!(
@@ -242,14 +282,14 @@ mod tests {
         ));
         page[100] ^= 1;
         assert!(matches!(
-            MetaPage::decode(&page, 5, 127, 65536),
+            MetaPage::decode(&page, 5, 42, 65536),
             Err(MetaPageError::BadChecksum { .. })
         ));
     }
 
     proptest! {
         #[test]
-        fn records_round_trip(vol in 0u16..40, line in any::<u64>(), v in any::<[u64; 4]>(), d in any::<[u64; 4]>(), shift in 12u32..=20) {
+        fn records_round_trip(vol in 0u16..40, line in any::<u64>(), v in any::<[u64; 4]>(), d in any::<[u64; 4]>(), seed in any::<u32>(), shift in 12u32..=20) {
             let line_size = 1u64 << shift;
             let spl = (line_size / SECTOR_SIZE) as usize;
             let mask = |w: [u64; 4]| {
@@ -257,7 +297,8 @@ mod tests {
                 for s in 0..spl { b.set(s, SectorBitmap(w).get(s)); }
                 b
             };
-            let rec = LineRecord { volume: vol, flags: 3, backing_line: line, valid: mask(v), dirty: mask(d) };
+            let crcs = (0..spl as u32).map(|s| seed.wrapping_mul(s + 1)).collect();
+            let rec = LineRecord { volume: vol, flags: 3, backing_line: line, valid: mask(v), dirty: mask(d), crcs };
             let mut buf = vec![0u8; LineRecord::encoded_size(line_size)];
             rec.encode(line_size, &mut buf);
             prop_assert_eq!(LineRecord::decode(line_size, &buf), rec);

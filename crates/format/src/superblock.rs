@@ -94,7 +94,7 @@ pub struct BackingIdentity {
 pub struct VolumeCounters(pub [u64; VolumeCounters::COUNT]);
 
 impl VolumeCounters {
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 23;
     /// Counter slots on disk (536..728 of a volume slot); the unused ones are zero, room for
     /// counters to come without a format change.
     pub const DISK_SLOTS: usize = 24;
@@ -121,6 +121,7 @@ impl VolumeCounters {
         "dirty_read_errors",
         "dirty_lines_lost",
         "bytes_not_admitted",
+        "checksum_errors",
     ];
 }
 
@@ -171,6 +172,13 @@ pub enum SuperblockError {
     BadChecksum { stored: u32, computed: u32 },
     #[error("superblock has format version {0}; this ssdcache reads version {FORMAT_VERSION}: upgrade ssdcache")]
     NewerVersion(u32),
+    #[error(
+        "the cache has format version {0}, made by a development build before line records carried \
+         data checksums; this ssdcache reads version {FORMAT_VERSION}. Write its dirty data back \
+         with the build that made it (`ssdcache flush`, then `ssdcache detach`), then re-create \
+         the cache with `ssdcache create --force`"
+    )]
+    OlderVersion(u32),
     #[error("superblock field {field} has invalid value {value}")]
     BadField { field: &'static str, value: u64 },
     #[error("name {0:?} is too long for the format (at most {1} bytes)")]
@@ -243,6 +251,9 @@ impl Superblock {
         let version = get_u32(buf, 8);
         if version > FORMAT_VERSION || get_u32(buf, 108) != 0 {
             return Err(SuperblockError::NewerVersion(version));
+        }
+        if version < FORMAT_VERSION {
+            return Err(SuperblockError::OlderVersion(version));
         }
         let layout = Layout {
             cache_size: get_u64(buf, 40),
@@ -460,7 +471,7 @@ mod tests {
     fn golden_header_bytes() {
         let buf = sample().encode().expect("encode");
         assert_eq!(&buf[0..8], b"SSDCACHE");
-        assert_eq!(&buf[8..12], &1u32.to_le_bytes());
+        assert_eq!(&buf[8..12], &2u32.to_le_bytes());
         assert_eq!(&buf[16..24], &7u64.to_le_bytes());
         assert_eq!(&buf[48..52], &65536u32.to_le_bytes());
         let slot = 4096 + 3 * 1024;
@@ -501,6 +512,16 @@ mod tests {
             Superblock::choose(&zero, &zero),
             Err(SuperblockError::NoMagic)
         );
+    }
+
+    #[test]
+    fn rejects_format_1_saying_what_to_do() {
+        let mut sb = sample();
+        sb.version = 1;
+        let buf = sb.encode().expect("encode");
+        let err = Superblock::decode(&buf).expect_err("format 1 refused");
+        assert_eq!(err, SuperblockError::OlderVersion(1));
+        assert!(err.to_string().contains("flush"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,412 @@
+//! The commit protocol, in one place: what makes completed writes durable (docs/design.md §4.3).
+//!
+//! Two pieces of state decide it, and both live here:
+//! - [`Backing`]: a backing device with two counters, the writes that have returned and the
+//!   writes its last successful flush covered. A flush is due exactly when the first is ahead
+//!   of the second, and a flush covers the writes counted before it started, so a FLUSH (or a
+//!   commit) covers every backing write that completed before it, on every connection, however
+//!   many flushes run at once. (A single "needs a flush" flag cannot say that: a flush clearing
+//!   it while another write is still in flight forgets that write.)
+//! - [`Journal`]: where the next commit goes, in which generation, and whether the blocks after
+//!   the live log may hold part of a commit that failed. After any failed commit the next one
+//!   starts a fresh generation (a compaction), so replay can never run from a later commit into
+//!   the failed one's leftover blocks.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ssdcache_device::BlockDevice;
+use ssdcache_format::{Layout, LineRecord};
+
+use crate::error::{EngineError, Result};
+use crate::journal::{self, JournalPosition};
+
+/// A backing device whose writes are counted against its flushes.
+pub(crate) struct Backing {
+    dev: Arc<dyn BlockDevice>,
+    /// Writes (also TRIM, WRITE_ZEROES, and failed ones, which may have landed in part) that
+    /// have returned.
+    completed: AtomicU64,
+    /// The value of `completed` read just before the last successful flush began: every write
+    /// counted up to there is durable.
+    flushed: AtomicU64,
+    /// A flush failed: the device may have dropped writes it covered, and no later flush can
+    /// bring them back, so every later flush fails too (a failed flush is never retried and
+    /// forgotten) until the daemon restarts.
+    flush_failed: AtomicBool,
+}
+
+impl Backing {
+    pub fn new(dev: Arc<dyn BlockDevice>) -> Backing {
+        Backing {
+            dev,
+            completed: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+            flush_failed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        self.dev.describe()
+    }
+
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.dev.read_at(buf, offset)
+    }
+
+    /// Runs a write-like operation and counts it once it returned, whatever the outcome: from
+    /// then on the next flush covers it. Callers change the cache map only after this returns,
+    /// so any commit that records the change also sees the count.
+    pub fn write_with<T>(
+        &self,
+        op: impl FnOnce(&dyn BlockDevice) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let result = op(&*self.dev);
+        self.completed.fetch_add(1, Ordering::SeqCst);
+        result
+    }
+
+    pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.write_with(|dev| dev.write_at(data, offset))
+    }
+
+    /// Makes every write that returned before this call durable; no device flush when none
+    /// returned since the last flush that covered them.
+    pub fn flush(&self) -> io::Result<()> {
+        if self.flush_failed() {
+            return Err(io::Error::other(
+                "an earlier flush of this device failed, so writes it covered may be lost and \
+                 no later flush can vouch for them; check the device, then restart the daemon",
+            ));
+        }
+        let target = self.completed.load(Ordering::SeqCst);
+        if self.flushed.load(Ordering::SeqCst) >= target {
+            return Ok(());
+        }
+        if let Err(e) = self.dev.flush() {
+            self.flush_failed.store(true, Ordering::SeqCst);
+            tracing::error!(
+                "{}: flush failed ({e}); every later FLUSH of its volume fails until the daemon \
+                 restarts",
+                self.dev.describe()
+            );
+            return Err(e);
+        }
+        self.flushed.fetch_max(target, Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub fn flush_failed(&self) -> bool {
+        self.flush_failed.load(Ordering::SeqCst)
+    }
+}
+
+/// The journal's write position, held for a whole commit so commits run one at a time.
+pub(crate) struct JournalState {
+    pub pos: JournalPosition,
+    /// The blocks just past the live log may hold part of a commit that failed (its write or
+    /// its flush returned an error, so some or all of its blocks may have landed, with the
+    /// sequence numbers the next commit would use). The next commit must start a fresh
+    /// generation so those blocks can never be read as part of the log.
+    fresh_generation_due: bool,
+    /// A fresh generation whose blocks are written and flushed but whose superblock write
+    /// failed part way: a superblock copy on the device may name it, or the old log. Until a
+    /// superblock write lands, both must stay intact, so the next commit first writes the
+    /// superblock naming it again (its blocks are whole) before anything else touches the
+    /// journal.
+    unconfirmed: Option<JournalPosition>,
+}
+
+/// The metadata journal's commit state.
+pub(crate) struct Journal {
+    state: Mutex<JournalState>,
+    /// A commit failed on the cache device: the data that dirty records name may not be
+    /// durable (a failed flush is never retried and forgotten). FLUSH keeps failing while the
+    /// cache holds dirty data; see `Volume::commit`.
+    failed: AtomicBool,
+}
+
+/// Why a commit runs, which decides whether an earlier failure refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitPurpose {
+    /// A client's FLUSH or FUA, or anyone promising that completed writes are durable: refused
+    /// while an earlier failed commit leaves dirty data of unknown durability.
+    Durability,
+    /// The cleaner recording what it wrote back (or its periodic commit): it promises nothing
+    /// about other data, so it runs after a failure too (it is how dirty data drains).
+    Writeback,
+}
+
+/// How a commit writes its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitKind {
+    /// The changed records, appended to the live log.
+    Append,
+    /// Every dirty record, as the first commit of a new generation that the superblock then
+    /// names: complete by itself (replay of it starts from nothing).
+    FreshGeneration,
+}
+
+impl Journal {
+    pub fn new(pos: JournalPosition) -> Journal {
+        Journal {
+            state: Mutex::new(JournalState {
+                pos,
+                fresh_generation_due: false,
+                unconfirmed: None,
+            }),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Holds the journal: no commit runs until the guard drops (superblock writers take it so
+    /// they never race a compaction's superblock).
+    pub fn lock(&self) -> MutexGuard<'_, JournalState> {
+        // Every change to the state is a plain assignment after its I/O succeeded.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    pub fn clear_failed(&self) {
+        self.failed.store(false, Ordering::Release);
+    }
+
+    pub fn note_failure(&self, state: &mut JournalState, error: &EngineError) {
+        state.fresh_generation_due = true;
+        if matches!(error, EngineError::CacheDevice { .. }) {
+            self.failed.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl JournalState {
+    /// Which kind the next commit of `changed` records must be.
+    pub fn kind_for(&self, changed: usize, layout: &Layout) -> CommitKind {
+        let need = journal::blocks_for(changed, layout);
+        if self.fresh_generation_due || !self.pos.has_room(need, layout) {
+            CommitKind::FreshGeneration
+        } else {
+            CommitKind::Append
+        }
+    }
+
+    /// Appends `records` as one commit (steps 4 and 5 of the protocol; the caller did steps
+    /// 2 and 3). Checks, also in release builds, that the commit leaves room for a compaction.
+    pub fn append(
+        &mut self,
+        dev: &dyn BlockDevice,
+        layout: &Layout,
+        records: &[(u32, LineRecord)],
+    ) -> Result<()> {
+        let blocks = journal::blocks_for(records.len(), layout);
+        if !self.pos.has_room(blocks, layout) {
+            return Err(EngineError::Invariant(format!(
+                "a journal commit of {blocks} blocks would leave no room for a compaction \
+                 ({} live of {} blocks)",
+                self.pos.live_blocks(),
+                layout.journal_blocks()
+            )));
+        }
+        let mut next = self.pos;
+        if journal::write_commit(dev, layout, &mut next, records, false)? > 0 {
+            flush_cache(dev)?;
+        }
+        self.pos = next;
+        Ok(())
+    }
+
+    /// Writes `records` (every dirty slot) as the first commit of the next generation, just past
+    /// the live blocks, and flushes it. The caller then writes the superblock naming
+    /// [`JournalState::fresh_position`]'s result and calls [`JournalState::adopt`].
+    pub fn write_fresh_generation(
+        &self,
+        dev: &dyn BlockDevice,
+        layout: &Layout,
+        records: &[(u32, LineRecord)],
+    ) -> Result<JournalPosition> {
+        let mut next = fresh_position(self.pos, layout);
+        let blocks = journal::blocks_for(records.len(), layout).max(1);
+        if self.pos.live_blocks() + blocks > layout.journal_blocks() {
+            return Err(EngineError::Invariant(format!(
+                "a compaction of {blocks} blocks does not fit beside {} live journal blocks \
+                 ({} in all)",
+                self.pos.live_blocks(),
+                layout.journal_blocks()
+            )));
+        }
+        // At least one block, even with nothing dirty: replay after an unclean stop requires
+        // the generation's first commit, so a journal region that was lost (zeroed, truncated)
+        // is refused rather than read as an empty log.
+        journal::write_commit(dev, layout, &mut next, records, true)?;
+        flush_cache(dev)?;
+        Ok(next)
+    }
+
+    /// Makes `next` (whose superblock has landed) the live log.
+    pub fn adopt(&mut self, next: JournalPosition) {
+        self.pos = next;
+        self.fresh_generation_due = false;
+        self.unconfirmed = None;
+    }
+
+    /// `next`'s blocks are whole but the superblock naming it may or may not have landed.
+    pub fn leave_unconfirmed(&mut self, next: JournalPosition) {
+        self.unconfirmed = Some(next);
+    }
+
+    pub fn unconfirmed(&self) -> Option<JournalPosition> {
+        self.unconfirmed
+    }
+}
+
+/// The start of a new generation right after the live blocks of `pos`: a crash before the
+/// superblock names it leaves the old log intact and authoritative.
+///
+/// The generation is a random 64-bit id, not a counter: an attempt that wrote blocks and then
+/// failed (or crashed before its superblock landed) must never share its generation with a later
+/// log, in this run or after a restart, or replay could run on from the later log's last commit
+/// into the failed attempt's leftover blocks. A counter kept in the superblock cannot promise
+/// that, since the failed attempt's superblock never landed.
+pub(crate) fn fresh_position(pos: JournalPosition, layout: &Layout) -> JournalPosition {
+    JournalPosition {
+        generation: new_generation_id(pos.generation),
+        start_seq: pos.next_seq,
+        start_block: pos.block_after_live(layout),
+        next_seq: pos.next_seq,
+    }
+}
+
+/// Writes `records` as the first commit of a fresh generation after `pos` on a cache no request
+/// uses yet (at open), flushed; the caller writes the superblock.
+pub(crate) fn start_generation(
+    dev: &dyn BlockDevice,
+    layout: &Layout,
+    pos: JournalPosition,
+    records: &[(u32, LineRecord)],
+) -> Result<JournalPosition> {
+    flush_cache(dev)?;
+    let state = JournalState {
+        pos,
+        fresh_generation_due: true,
+        unconfirmed: None,
+    };
+    state.write_fresh_generation(dev, layout, records)
+}
+
+/// A random journal generation id other than `current` (and other than 0, which a zeroed
+/// journal region would carry).
+fn new_generation_id(current: u64) -> u64 {
+    loop {
+        let id = uuid::Uuid::new_v4().as_u64_pair().0;
+        if id != current && id != 0 {
+            return id;
+        }
+    }
+}
+
+pub(crate) fn flush_cache(dev: &dyn BlockDevice) -> Result<()> {
+    dev.flush().map_err(|e| EngineError::CacheDevice {
+        device: dev.describe(),
+        source: e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ssdcache_device::{CrashDevice, MemDevice};
+
+    struct CountingFlushes {
+        inner: MemDevice,
+        flushes: AtomicU64,
+    }
+
+    impl BlockDevice for CountingFlushes {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.flushes.fetch_add(1, Ordering::SeqCst);
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> io::Result<bool> {
+            self.inner.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.inner.write_zeroes(offset, len)
+        }
+        fn describe(&self) -> String {
+            "counting".into()
+        }
+    }
+
+    #[test]
+    fn a_flush_is_issued_only_after_a_write_returned() {
+        let dev = Arc::new(CountingFlushes {
+            inner: MemDevice::new("counting", 1 << 20),
+            flushes: AtomicU64::new(0),
+        });
+        let backing = Backing::new(dev.clone());
+        backing.flush().unwrap();
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 0, "nothing written");
+        backing.write_at(&[1u8; 4096], 0).unwrap();
+        backing.flush().unwrap();
+        backing.flush().unwrap();
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 1);
+        backing.write_with(|d| d.write_zeroes(0, 4096)).unwrap();
+        backing.flush().unwrap();
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 2);
+    }
+
+    /// The race a single flag lost: a flush that starts while a write is in flight must not
+    /// count as covering it.
+    #[test]
+    fn a_flush_during_a_write_does_not_cover_it() {
+        let dev = Arc::new(CountingFlushes {
+            inner: MemDevice::new("counting", 1 << 20),
+            flushes: AtomicU64::new(0),
+        });
+        let backing = Backing::new(dev.clone());
+        backing
+            .write_with(|d| {
+                // Another thread's FLUSH runs while this write is in flight.
+                backing.flush()?;
+                d.write_at(&[2u8; 4096], 0)
+            })
+            .unwrap();
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 0);
+        backing.flush().unwrap();
+        assert_eq!(
+            dev.flushes.load(Ordering::SeqCst),
+            1,
+            "the write still needs its flush"
+        );
+    }
+
+    /// After a failed flush the device may have dropped the writes it covered: a later flush
+    /// that succeeds would vouch for them wrongly, so every later flush fails.
+    #[test]
+    fn a_failed_flush_is_never_retried_and_forgotten() {
+        let dev = Arc::new(CrashDevice::new("failing", 1 << 20));
+        let backing = Backing::new(dev.clone());
+        backing.write_at(&[3u8; 4096], 0).unwrap();
+        dev.fail_flushes(true);
+        assert!(backing.flush().is_err());
+        dev.fail_flushes(false);
+        let flushes = dev.flush_count();
+        let err = backing.flush().unwrap_err();
+        assert!(err.to_string().contains("earlier flush"), "{err}");
+        assert_eq!(dev.flush_count(), flushes, "not issued again");
+        assert_eq!(backing.flushed.load(Ordering::SeqCst), 0);
+    }
+}
