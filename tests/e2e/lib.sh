@@ -385,3 +385,54 @@ verify_sums() { # verify_sums SUMFILE [ROOT]
 $(head -n 40 <<<"$out")"
     log "all $(wc -l <"$1") checksums in $(basename "$1") match"
 }
+
+# ---- Traces. Every run checks the synthetic traces of bench/libcachesim/synthetic (written by
+# the test, with libCacheSim's miss ratios in bench/libcachesim/synthetic.csv); the shared
+# traces are checked too when SSDCACHE_TRACES names their folder (CI: shared/traces beside the
+# checkout); then a missing trace fails the test.
+
+# shared_traces_dir: the folder SSDCACHE_TRACES names (a relative path from the repository), or
+# nothing when it is unset.
+shared_traces_dir() {
+    [[ -n "${SSDCACHE_TRACES:-}" ]] || return 0
+    local dir=$SSDCACHE_TRACES
+    [[ $dir == /* ]] || dir="$REPO/$dir"
+    [[ -d "$dir" ]] || fail "SSDCACHE_TRACES=$SSDCACHE_TRACES is not a folder"
+    printf '%s\n' "$dir"
+}
+
+# shared_trace DIR RELATIVE: the trace's path; fails the test when it is missing.
+shared_trace() {
+    [[ -f "$1/$2" ]] || fail "shared trace $1/$2 is missing (SSDCACHE_TRACES=$SSDCACHE_TRACES)"
+    printf '%s\n' "$1/$2"
+}
+
+# synthetic_traces DIR: writes the synthetic traces into DIR.
+synthetic_traces() {
+    python3 "$REPO/bench/libcachesim/synthetic" traces "$1" || fail "bench/libcachesim/synthetic traces $1 failed"
+}
+
+# synthetic_reference FILE PERCENT: libCacheSim's miss ratios on the synthetic trace FILE at
+# PERCENT of its unique 4 KiB blocks, from synthetic.csv, as
+# "lines=N unique=N lru=M fifo=M clock=M arc=M s3fifo=M".
+synthetic_reference() {
+    python3 - "$REPO/bench/libcachesim/synthetic.csv" "synthetic/$1" "$2" <<'PY' || fail "no reference for $1 at $2% in synthetic.csv"
+import csv, sys
+path, trace, percent = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = [r for r in csv.DictReader(open(path)) if r["trace"] == trace]
+unique = int(rows[0]["unique_blocks"])
+lines = max(1, unique * percent // 100)
+misses = {r["policy"]: r["miss_ratio"] for r in rows if int(r["cache_blocks"]) == lines}
+assert len(misses) == 5, misses
+print(f"lines={lines} unique={unique} " + " ".join(f"{p}={m}" for p, m in misses.items()))
+PY
+}
+
+# spec_get SPEC KEY: the value of KEY=VALUE in SPEC (a space-separated list).
+spec_get() {
+    local pair
+    for pair in $1; do
+        [[ ${pair%%=*} == "$2" ]] && { printf '%s\n' "${pair#*=}"; return 0; }
+    done
+    fail "no $2 in '$1'"
+}
