@@ -1,8 +1,7 @@
 //! A cache device with its volumes: open (load the checkpoint or start cold), serve through
 //! [`Volume`]s, and shut down (write the checkpoint, mark clean).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
@@ -19,6 +18,8 @@ use crate::locks::LineLocks;
 use crate::map::{Invariant, MapState};
 use crate::policy;
 use crate::superblock::write_superblock;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use crate::volume::Volume;
 
 /// Metadata pages are read and written this many at a time (1 MiB).

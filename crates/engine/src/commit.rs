@@ -13,14 +13,15 @@
 //!   the failed one's leftover blocks.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use ssdcache_device::BlockDevice;
 use ssdcache_format::{Layout, LineRecord};
 
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 
 /// A backing device whose writes are counted against its flushes.
 pub(crate) struct Backing {

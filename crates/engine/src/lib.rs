@@ -13,6 +13,7 @@ mod locks;
 mod map;
 pub mod policy;
 pub mod superblock;
+mod sync;
 mod volume;
 
 pub use cache::{format, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport};

@@ -1,7 +1,6 @@
 //! One backing device served through the cache: the read and write paths of each mode.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
@@ -11,6 +10,8 @@ use crate::cache::{CacheCore, Mismatch};
 use crate::commit::{Backing, CommitPurpose};
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
+use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::sync::{thread_local, Mutex, MutexGuard, RwLock};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]
