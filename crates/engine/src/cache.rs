@@ -335,6 +335,23 @@ fn format_err(e: impl std::fmt::Display) -> EngineError {
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.
 pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Result<Superblock> {
     let layout = Layout::compute(dev.size(), line_size).map_err(format_err)?;
+    format_layout(dev, layout, volume)
+}
+
+/// Like [`format`], with a journal of exactly `journal_blocks` 4 KiB blocks (at least two
+/// compactions and one block): for tests, which need compactions to run often.
+pub fn format_with_journal(
+    dev: &dyn BlockDevice,
+    line_size: u64,
+    journal_blocks: u64,
+    volume: NewVolume,
+) -> Result<Superblock> {
+    let layout =
+        Layout::with_journal_blocks(dev.size(), line_size, journal_blocks).map_err(format_err)?;
+    format_layout(dev, layout, volume)
+}
+
+fn format_layout(dev: &dyn BlockDevice, layout: Layout, volume: NewVolume) -> Result<Superblock> {
     if policy::by_id(volume.policy, 1).is_none() {
         return Err(format_err(format!(
             "unknown replacement policy id {}",
