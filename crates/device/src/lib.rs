@@ -4,6 +4,7 @@
 mod aligned;
 mod crash;
 mod file;
+mod gate;
 pub mod hdd;
 pub mod identity;
 mod memory;
@@ -11,8 +12,9 @@ mod recording;
 mod rng;
 
 pub use aligned::AlignedBuf;
-pub use crash::CrashDevice;
+pub use crash::{CrashClock, CrashDevice, CrashState, Keep, OpKind, OpRecord};
 pub use file::{FileDevice, OpenOptions};
+pub use gate::{GateDevice, GATE_LIMIT};
 pub use memory::MemDevice;
 pub use recording::{Op, RecordingDevice, SharedOpLog};
 pub use rng::SplitMix64;
