@@ -143,9 +143,21 @@ struct State {
     fail_reads_in: Option<Range<u64>>,
     /// Successful flushes to let through before one fails (once), if set.
     fail_flush_after: Option<u32>,
+    /// False for a device without a volatile cache: every write is durable at once (no copy
+    /// of it is kept), which makes rewriting large areas cheap where no crash is taken.
+    volatile: bool,
 }
 
 impl State {
+    /// What survives a crash for certain.
+    fn durable(&self) -> &Image {
+        if self.volatile {
+            &self.durable
+        } else {
+            &self.written
+        }
+    }
+
     fn new(image: Image) -> State {
         State {
             written: image.clone(),
@@ -153,6 +165,7 @@ impl State {
             pending: Vec::new(),
             fail_reads_in: None,
             fail_flush_after: None,
+            volatile: true,
         }
     }
 }
@@ -295,6 +308,22 @@ impl CrashState {
         ))
     }
 
+    /// Like [`device`](Self::device), without a volatile cache: its writes are durable at
+    /// once, so it cannot be crashed again, and rewriting large areas of it costs no copies.
+    /// For checking what a cut left when no second cut is taken.
+    pub fn stable_device(&self, index: usize, name: &str, keep: Keep) -> Option<CrashDevice> {
+        let dev = self.device(index, name, keep)?;
+        dev.with_state(|s| {
+            s.volatile = false;
+            // Not kept: what is written is durable (see `State::durable`).
+            s.durable = Image {
+                chunks: Vec::new(),
+                len: s.written.len,
+            };
+        });
+        Some(dev)
+    }
+
     /// Unflushed writes of device `index` at the instant of the cut.
     pub fn pending_writes(&self, index: usize) -> usize {
         self.devices.get(index).map_or(0, |(_, p)| p.len())
@@ -385,6 +414,26 @@ impl CrashClock {
         let index = inner.devices.len() - 1;
         drop(inner);
         CrashDevice::on(name, size, self.shared.clone(), index)
+    }
+
+    /// Device `index` of `state` as a power cut left it (`keep` choosing what happens to its
+    /// unflushed writes), as a new device on this clock: to cut the power again during the
+    /// recovery from the first cut.
+    pub fn restore(
+        &self,
+        state: &CrashState,
+        index: usize,
+        name: &str,
+        keep: Keep,
+    ) -> Option<CrashDevice> {
+        let (durable, pending) = state.devices.get(index)?;
+        let image = materialize(durable, pending, keep);
+        let size = image.len as u64;
+        let mut inner = self.shared.lock();
+        inner.devices.push(State::new(image));
+        let index = inner.devices.len() - 1;
+        drop(inner);
+        Some(CrashDevice::on(name, size, self.shared.clone(), index))
     }
 
     /// Captures the crash state of every device right after each of these ops.
@@ -527,7 +576,7 @@ impl CrashDevice {
     }
 
     fn crash_image(&self, keep: Keep) -> Image {
-        self.with_state(|s| materialize(&s.durable, &s.pending, keep))
+        self.with_state(|s| materialize(s.durable(), &s.pending, keep))
     }
 
     /// How many writes a crash could lose now (completed since the last flush).
@@ -537,7 +586,7 @@ impl CrashDevice {
 
     /// A copy of what is certain to survive a crash.
     pub fn durable_image(&self) -> Vec<u8> {
-        self.with_state(|s| s.durable.to_vec())
+        self.with_state(|s| s.durable().to_vec())
     }
 
     /// A copy of what reads see.
@@ -609,7 +658,9 @@ impl CrashDevice {
                     if w.len() > 0 {
                         let len = w.len();
                         w.apply(&mut state.written, 0..len);
-                        state.pending.push(w);
+                        if state.volatile {
+                            state.pending.push(w);
+                        }
                     }
                     self.writes.fetch_add(1, Ordering::SeqCst);
                 }
@@ -640,7 +691,7 @@ impl CrashDevice {
             let devices = inner
                 .devices
                 .iter()
-                .map(|d| (d.durable.clone(), d.pending.clone()))
+                .map(|d| (d.durable().clone(), d.pending.clone()))
                 .collect();
             inner.captured.push(CrashState { op, devices });
         }
@@ -1089,6 +1140,26 @@ mod tests {
             dev.crashed_keeping("e", Keep::Everything).written_image(),
             dev.written_image()
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_stable_device_keeps_every_write() -> io::Result<()> {
+        let clock = CrashClock::new();
+        let dev = clock.device("d", MIB);
+        dev.write_at(&[1; SECTOR], 0)?;
+        clock.crash_at([2]);
+        dev.write_at(&[2; SECTOR], SECTOR as u64)?;
+        let state = clock.take_captured().pop().expect("captured");
+        let stable = state.stable_device(0, "s", Keep::Nothing).expect("device");
+        assert!(
+            stable.written_image().iter().all(|&b| b == 0),
+            "nothing kept"
+        );
+        stable.write_at(&[3; SECTOR], 0)?;
+        assert_eq!(stable.pending_writes(), 0);
+        assert_eq!(stable.durable_image(), stable.written_image());
+        assert_eq!(stable.crash(7)[..SECTOR], [3; SECTOR]);
         Ok(())
     }
 }
