@@ -175,3 +175,37 @@ fn failed_commit_replayed_after_a_later_compaction() {
         "recovery restored dirty lines of a commit that failed"
     );
 }
+
+/// Found by the concurrent crash simulator (not in the issue): while a volume leaves
+/// write-back (`set_mode` serves writes in write-through while it writes the dirty data
+/// back), a write-through write to a line that is still dirty writes the backing device (FUA:
+/// and flushes it) and then rewrites the cached copy, which stays marked dirty and is not
+/// flushed. After a power cut the journal still names the line dirty, recovery restores it,
+/// and the sector reads the older data left in the slot instead of the FUA write's.
+#[test]
+fn write_through_over_a_dirty_line_while_leaving_write_back() {
+    let cache_dev = Arc::new(CrashDevice::new("cache", CACHE));
+    let backing = Arc::new(CrashDevice::new("backing", BACKING));
+    format(&*cache_dev, LINE, volume()).expect("format");
+    let cache = open(cache_dev.clone(), backing.clone());
+    let vol = cache.volumes()[0].clone();
+    let at = 3 * SECTOR;
+    vol.write(at, &data(0xD1), false).expect("write dirty");
+    vol.flush()
+        .expect("flush: 0xD1 is durable and dirty in the cache");
+    // What `set_mode` does first when a volume leaves write-back: writes go through.
+    cache.hold_writes_through(0);
+    vol.write(at, &data(0xD2), true)
+        .expect("FUA write: 0xD2 is durable");
+
+    let cache_img: Arc<dyn BlockDevice> =
+        Arc::new(cache_dev.crashed_keeping("cache", Keep::Nothing));
+    let backing_img: Arc<dyn BlockDevice> =
+        Arc::new(backing.crashed_keeping("backing", Keep::Nothing));
+    let cache = open(cache_img, backing_img);
+    let got = read_byte(&cache.volumes()[0], at);
+    assert_eq!(
+        got, 0xD2,
+        "the sector at byte {at} reads {got:#x} after the power cut, not the FUA write's 0xd2"
+    );
+}

@@ -49,6 +49,7 @@ fn read_backing(dev: &CrashDevice, sectors: &[u64]) -> BTreeMap<u64, u64> {
 /// Checks every captured instant of a finished run.
 pub fn check_run(run: &Run, captured: Vec<CrashState>, stats: &Stats) {
     let log = run.clock.take_log();
+    let log = &log[..];
     let classified = classify(&log, &run.layout);
     stats.add(&stats.ops, log.len() as u64);
     stats.add(&stats.compactions, classified.compactions);
@@ -79,7 +80,16 @@ pub fn check_run(run: &Run, captured: Vec<CrashState>, stats: &Stats) {
         let mask = classified.mask(state.op);
         stats.place(mask);
         for way in 0..WAYS_PER_INSTANT {
-            check_point(run, state, &contract, way, &sectors, &classified, stats);
+            check_point(
+                run,
+                state,
+                &contract,
+                way,
+                &sectors,
+                &classified,
+                log,
+                stats,
+            );
         }
     }
 }
@@ -92,6 +102,7 @@ fn keep(seed: u64, op: u64, way: u64, device: u64) -> Keep {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check_point(
     run: &Run,
     state: &CrashState,
@@ -99,6 +110,7 @@ fn check_point(
     way: u64,
     sectors: &[u64],
     classified: &Classified,
+    log: &[ssdcache_device::OpRecord],
     stats: &Stats,
 ) {
     let seed = run.plan.seed;
@@ -131,9 +143,10 @@ fn check_point(
     for (&sector, &tag) in &first {
         assert!(
             contract.allows_after_crash(sector, tag),
-            "{}: sector {sector} reads {tag:#x}; the contract allows {}",
+            "{}: sector {sector} reads {tag:#x}; the contract allows {}\n{}",
             at(),
-            contract.describe(sector)
+            contract.describe(sector),
+            run.trace(log, sector, state.op)
         );
     }
     if second_cut {
@@ -153,7 +166,15 @@ fn check_point(
             .unwrap_or_else(|e| panic!("{}: a read after writeback failed: {e}", at()))
     };
     drop(cache);
-    assert_flip_free(&first, &after, "writeback and a restart", &at);
+    assert_flip_free(
+        &first,
+        &after,
+        "writeback and a restart",
+        &at,
+        run,
+        log,
+        state.op,
+    );
     if let Some(cut) = clock.take_captured().pop() {
         let c = Arc::new(
             cut.device(CACHE_DEV, "cache", keep(seed, cut.op, 1, 10))
@@ -172,26 +193,33 @@ fn check_point(
             &again,
             "a second power cut during the writeback",
             &at,
+            run,
+            log,
+            state.op,
         );
         stats.add(&stats.second_crashes, 1);
     }
     stats.add(&stats.points, 1);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn assert_flip_free(
     first: &BTreeMap<u64, u64>,
     then: &BTreeMap<u64, u64>,
     across: &str,
     at: &dyn Fn() -> String,
+    run: &Run,
+    log: &[ssdcache_device::OpRecord],
+    op: u64,
 ) {
-    for (sector, tag) in first {
-        let later = then.get(sector).copied().unwrap_or(u64::MAX);
-        assert_eq!(
-            *tag,
-            later,
+    for (&sector, &tag) in first {
+        let later = then.get(&sector).copied().unwrap_or(u64::MAX);
+        assert!(
+            tag == later,
             "{}: sector {sector} read {tag:#x} after recovery but {later:#x} after {across} \
-             (flip-flop)",
-            at()
+             (flip-flop)\n{}",
+            at(),
+            run.trace(log, sector, op)
         );
     }
 }

@@ -193,14 +193,30 @@ impl Contract {
     pub fn describe(&self, sector: u64) -> String {
         match self.sectors.get(&sector) {
             None => "never written: zeroes".into(),
-            Some(s) => format!(
-                "durable one of {:?}, written since {:?}",
-                s.durable,
-                s.since
+            Some(s) => {
+                let name = |v: &Value| match v {
+                    Value::Tag(t) => format!("{t:#x}"),
+                    Value::Anything => "anything it held (trimmed)".into(),
+                };
+                let durable: Vec<String> = s.durable.iter().map(name).collect();
+                let since: Vec<String> = s
+                    .since
                     .iter()
-                    .map(|w| (w.value, w.done))
-                    .collect::<Vec<_>>()
-            ),
+                    .map(|w| {
+                        let state = match w.done {
+                            None => "in flight",
+                            Some((_, true)) => "completed",
+                            Some((_, false)) => "failed",
+                        };
+                        format!("{} ({state})", name(&w.value))
+                    })
+                    .collect();
+                format!(
+                    "one of [{}] (durable), or a write since: [{}]",
+                    durable.join(", "),
+                    since.join(", ")
+                )
+            }
         }
     }
 

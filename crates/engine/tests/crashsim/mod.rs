@@ -153,6 +153,16 @@ impl Activity {
 thread_local! {
     /// What this (workload) thread is doing now.
     static ACTIVITY: Cell<u8> = const { Cell::new(0) };
+    /// Which workload thread this is (for traces).
+    static WORKER: Cell<u8> = const { Cell::new(0) };
+}
+
+pub fn current_worker() -> u8 {
+    WORKER.with(|w| w.get())
+}
+
+pub fn set_worker(t: usize) {
+    WORKER.with(|w| w.set(t as u8));
 }
 
 pub fn current_activity() -> u8 {
@@ -235,6 +245,7 @@ mod concurrent {
             .map(|t| {
                 let (run, cache) = (run.clone(), cache.clone());
                 shuttle::thread::spawn(move || {
+                    set_worker(t);
                     let mut rng = Rng(run.plan.seed ^ (t as u64 + 1) << 40);
                     for _ in 0..run.plan.ops_per_thread {
                         run.step(&cache, t, &mut rng);

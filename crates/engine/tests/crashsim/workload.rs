@@ -41,7 +41,18 @@ pub struct Plan {
     pub crash_gap: u64,
     /// Op numbers (after setup) that fail with EIO.
     pub faults: Vec<u64>,
+    /// The cache device's flush that fails (counting from the first after setup), if any:
+    /// most cache flushes are a commit's, before or after its journal write.
+    pub failing_cache_flush: Option<u32>,
+    /// Likewise for the backing device.
+    pub failing_backing_flush: Option<u32>,
+    /// The first of the runs most requests go to (`HOT_RUNS` per thread, interleaved), so
+    /// sectors are written back, dirtied again, written around and zeroed over and over.
+    pub hot_start: u64,
 }
+
+/// Hot runs per thread.
+const HOT_RUNS: u64 = 4;
 
 const LINE_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
 
@@ -75,6 +86,11 @@ impl Plan {
         } else {
             Vec::new()
         };
+        let failing_cache_flush = (rng.below(4) == 0).then(|| rng.below(60) as u32);
+        let failing_backing_flush = (rng.below(8) == 0).then(|| rng.below(30) as u32);
+        let runs = backing_size / SECTOR / RUN - UNTOUCHED_RUNS;
+        let hot_start = rng.below(runs - HOT_RUNS * threads as u64);
+        let hot_start = hot_start - hot_start % threads as u64;
         Plan {
             seed,
             threads,
@@ -88,6 +104,9 @@ impl Plan {
             admission,
             restarts: threads == 1,
             // Checking a cut of a cache of 1 MiB lines refills dozens of them: fewer cuts.
+            failing_cache_flush,
+            failing_backing_flush,
+            hot_start,
             crash_gap: if line_size >= 1 << 20 {
                 5 * crash_gap
             } else {
@@ -117,6 +136,8 @@ pub struct Run {
     pub setup_ops: u64,
     /// Every request step, stamped with the clock's op count when it happened.
     events: Mutex<Vec<(u64, Event)>>,
+    /// The worker thread of each event (for traces).
+    workers: Mutex<Vec<u8>>,
     live: Mutex<Contract>,
     next_tag: AtomicU64,
     next_flush: AtomicU64,
@@ -165,7 +186,15 @@ impl Run {
         }
         clock.crash_at(points);
         clock.fail_at(plan.faults.iter().map(|f| setup_ops + f));
-        let first_fault = plan.faults.iter().min().map_or(u64::MAX, |f| setup_ops + f);
+        let mut first_fault = plan.faults.iter().min().map_or(u64::MAX, |f| setup_ops + f);
+        if let Some(n) = plan.failing_cache_flush {
+            cache_dev.fail_flush_after(n);
+            first_fault = setup_ops;
+        }
+        if let Some(n) = plan.failing_backing_flush {
+            backing.fail_flush_after(n);
+            first_fault = setup_ops;
+        }
         let sectors = plan.backing_size / SECTOR;
         let untouched = (0..4)
             .map(|_| sectors - 1 - rng.below(UNTOUCHED_RUNS * RUN))
@@ -178,6 +207,7 @@ impl Run {
             layout,
             setup_ops,
             events: Mutex::new(Vec::new()),
+            workers: Mutex::new(Vec::new()),
             live: Mutex::new(Contract::default()),
             next_tag: AtomicU64::new(1),
             next_flush: AtomicU64::new(1),
@@ -191,10 +221,50 @@ impl Run {
         lock(&self.events).clone()
     }
 
+    /// With `SSDCACHE_CRASH_TRACE` set: the events of `sector`, every FLUSH, and every device
+    /// op up to `until`, for finding out why a check failed.
+    pub fn trace(&self, log: &[ssdcache_device::OpRecord], sector: u64, until: u64) -> String {
+        if std::env::var_os("SSDCACHE_CRASH_TRACE").is_none() {
+            return "(set SSDCACHE_CRASH_TRACE=1 for the history)".into();
+        }
+        let events = lock(&self.events);
+        let workers = lock(&self.workers);
+        let mut lines = Vec::new();
+        for ((stamp, e), w) in events.iter().zip(workers.iter()) {
+            let relevant = match e {
+                Event::Start { sector: s, .. } | Event::Done { sector: s, .. } => *s == sector,
+                _ => true,
+            };
+            if relevant && *stamp <= until + 2 {
+                lines.push((*stamp, 0, format!("  after op {stamp}: thread {w}: {e:?}")));
+            }
+        }
+        for r in log.iter().filter(|r| r.op <= until + 2) {
+            let dev = if r.device == 0 { "cache" } else { "backing" };
+            lines.push((
+                r.op,
+                1,
+                format!(
+                    "  op {}: {dev} {:?} {}+{}{} [{}]",
+                    r.op,
+                    r.kind,
+                    r.offset,
+                    r.len,
+                    if r.failed { " FAILED" } else { "" },
+                    super::Activity::from_label(r.label).name()
+                ),
+            ));
+        }
+        lines.sort_by_key(|l| (l.0, l.1));
+        let text: Vec<String> = lines.into_iter().map(|l| l.2).collect();
+        format!("history:\n{}", text.join("\n"))
+    }
+
     fn log(&self, event: Event) {
         let stamp = self.clock.ops();
         lock(&self.live).apply(&event);
         lock(&self.events).push((stamp, event));
+        lock(&self.workers).push(super::current_worker());
     }
 
     /// Whether an injected fault may have hit by now (errors are expected from then on).
@@ -222,7 +292,13 @@ impl Run {
     fn own_range(&self, t: usize, rng: &mut Rng) -> (u64, u64) {
         let threads = self.plan.threads as u64;
         let runs = self.plan.backing_size / SECTOR / RUN - UNTOUCHED_RUNS;
-        let run = t as u64 + threads * rng.below(runs / threads);
+        let run = t as u64
+            + threads
+                * if rng.below(10) < 7 {
+                    self.plan.hot_start / threads + rng.below(HOT_RUNS)
+                } else {
+                    rng.below(runs / threads)
+                };
         if rng.below(4) == 0 {
             return (run * RUN, RUN);
         }
