@@ -209,3 +209,73 @@ fn write_through_over_a_dirty_line_while_leaving_write_back() {
         "the sector at byte {at} reads {got:#x} after the power cut, not the FUA write's 0xd2"
     );
 }
+
+/// Found by the concurrent crash simulator (not in the issue): once a volume's configured
+/// mode is no longer write-back (`set_mode` sets it before writing the dirty data back), a
+/// FLUSH commits only when it sees dirty lines or changed records. While the writeback's
+/// commit is in flight it has taken the changes (here: a WRITE_ZEROES that superseded a dirty
+/// line), so the FLUSH sees neither and returns at once; a power cut before that commit lands
+/// leaves the journal naming the superseded line dirty, and recovery brings its older data
+/// back over the zeroes the FLUSH had made durable.
+#[test]
+fn flush_after_leaving_write_back_does_not_wait_for_the_commit_in_flight() {
+    let cache_dev = Arc::new(CrashDevice::new("cache", CACHE));
+    let backing = Arc::new(CrashDevice::new("backing", BACKING));
+    let cache_gate = Arc::new(GateDevice::new(cache_dev.clone()));
+    let backing_gate = Arc::new(GateDevice::new(backing.clone()));
+    format(&*cache_dev, LINE, volume()).expect("format");
+    let cache = Arc::new(open(cache_gate.clone(), backing_gate.clone()));
+    let vol = cache.volumes()[0].clone();
+    let (first, second) = (0, 8 * LINE);
+    vol.write(first, &data(0xD1), false).expect("write");
+    vol.write(second, &data(0xD2), false).expect("write");
+    vol.flush().expect("flush: both lines durably dirty");
+
+    // Leave write-back; its writeback of the first line is held at the backing device.
+    backing_gate.hold_next_write();
+    let c = cache.clone();
+    let leaving = std::thread::spawn(move || {
+        let one_at_a_time = CleanerConfig {
+            max_in_flight: 1,
+            ..CleanerConfig::default()
+        };
+        c.set_mode(0, CacheMode::WriteThrough, &one_at_a_time, &mut |_| true)
+    });
+    assert!(backing_gate.wait_until_held(Duration::from_secs(10)));
+    // Zeroes supersede the second dirty line; then the writeback's commit, which records
+    // that, is held in flight at the cache device.
+    vol.write_zeroes(second, SECTOR, false).expect("zero");
+    cache_gate.hold_next_write();
+    backing_gate.release();
+    assert!(cache_gate.wait_until_held(Duration::from_secs(10)));
+    let v = vol.clone();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let flushing = std::thread::spawn(move || {
+        let r = v.flush();
+        let _ = done_tx.send(());
+        r
+    });
+    // A FLUSH that returns while the commit is still held skipped it: cut the power now.
+    let returned_early = done.recv_timeout(Duration::from_secs(2)).is_ok();
+    let images = |keep| {
+        let c: Arc<dyn BlockDevice> = Arc::new(cache_dev.crashed_keeping("cache", keep));
+        let b: Arc<dyn BlockDevice> = Arc::new(backing.crashed_keeping("backing", keep));
+        (c, b)
+    };
+    let early = returned_early.then(|| images(Keep::Nothing));
+    cache_gate.release();
+    assert!(matches!(flushing.join(), Ok(Ok(()))), "the FLUSH failed");
+    assert!(
+        matches!(leaving.join(), Ok(Ok(()))),
+        "the mode change failed"
+    );
+    let (c, b) = early.unwrap_or_else(|| images(Keep::Nothing));
+    let cache = open(c, b);
+    let got = read_byte(&cache.volumes()[0], second);
+    assert_eq!(
+        got, 0,
+        "the sector at byte {second} reads {got:#x} after the power cut, not the zeroes a \
+         completed FLUSH made durable (the FLUSH returned before the commit in flight landed: \
+         {returned_early})"
+    );
+}
