@@ -1,12 +1,12 @@
 //! Simulated power cuts in write-back mode, one thread per workload (see crashsim/mod.rs for
 //! the simulator; crash_concurrent.rs runs the concurrent workloads). Each seed picks a
 //! replacement policy and a line size (every pair within 21 seeds), a journal small enough
-//! that compactions run every few commits, injected I/O errors on both devices for a third of
-//! the workloads, and the device ops after which the power is cut. The workload mixes writes
+//! that compactions run every few commits, injected write and flush errors on both devices for
+//! half of the workloads, and the device ops after which the power is cut. The workload mixes writes
 //! (some FUA), streams past a small sequential cutoff, WRITE_ZEROES, TRIM, FLUSH, live reads,
 //! writeback batches, commits, mode changes and clean restarts.
 //!
-//! CI runs at least 10,000 crash points here (and as many in crash_concurrent.rs). The long
+//! CI runs 16,000 crash points here (and 12,000 in crash_concurrent.rs). The long
 //! run, one million:
 //!   SSDCACHE_CRASH_POINTS=1000000 cargo test --release -p ssdcache-engine --test crash -- --nocapture
 //! A failure prints its seed; `SSDCACHE_CRASH_SEED=N` replays that workload alone.
@@ -15,5 +15,5 @@ mod crashsim;
 
 #[test]
 fn write_back_survives_power_cuts_inside_operations() {
-    crashsim::run_test(crashsim::Kind::Sequential, 10_000);
+    crashsim::run_test(crashsim::Kind::Sequential, 16_000);
 }

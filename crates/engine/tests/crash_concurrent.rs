@@ -8,12 +8,12 @@
 //!
 //! Needs the engine's `shuttle` feature:
 //!   cargo test --release -p ssdcache-engine --features shuttle --test crash_concurrent -- --nocapture
-//! CI runs at least 10,000 crash points; `SSDCACHE_CRASH_POINTS=N` scales it, and
-//! `SSDCACHE_CRASH_SEED=N` replays one workload.
+//! CI runs 12,000 crash points; `SSDCACHE_CRASH_POINTS=N` scales it (one million for the long
+//! run), and `SSDCACHE_CRASH_SEED=N` replays one workload.
 
 mod crashsim;
 
 #[test]
 fn concurrent_write_back_survives_power_cuts_inside_operations() {
-    crashsim::run_test(crashsim::Kind::Concurrent, 10_000);
+    crashsim::run_test(crashsim::Kind::Concurrent, 12_000);
 }

@@ -50,7 +50,7 @@ fn read_backing(dev: &CrashDevice, sectors: &[u64]) -> BTreeMap<u64, u64> {
 pub fn check_run(run: &Run, captured: Vec<CrashState>, stats: &Stats) {
     let log = run.clock.take_log();
     let log = &log[..];
-    let classified = classify(&log, &run.layout);
+    let classified = classify(log, &run.layout);
     stats.add(&stats.ops, log.len() as u64);
     stats.add(&stats.compactions, classified.compactions);
     stats.add(&stats.journal_writes, classified.journal_writes);

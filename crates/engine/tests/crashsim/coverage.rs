@@ -185,7 +185,8 @@ pub fn classify(log: &[OpRecord], layout: &Layout) -> Classified {
                 masks[i] |= FAILED_OP;
             }
             match label {
-                Activity::Writeback => masks[i] |= WRITEBACK,
+                // The cleaner writes from threads of its own, which carry no label.
+                Activity::Writeback | Activity::Other => masks[i] |= WRITEBACK,
                 Activity::ModeChange => masks[i] |= MODE_CHANGE,
                 l if l.is_client() && is_write(r) => masks[i] |= CLIENT_IO,
                 _ => {}

@@ -59,7 +59,7 @@ const LINE_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
 impl Plan {
     /// Rotates policy and line size so 21 consecutive seeds cover every pair.
     pub fn new(seed: u64, threads: usize, ops_per_thread: usize, crash_gap: u64) -> Plan {
-        let mut rng = Rng(seed ^ 0x5eed_0f_c4a5_u64);
+        let mut rng = Rng(seed ^ 0x005e_ed0f_c4a5_u64);
         let policy = (seed % ssdcache_engine::policy::NAMES.len() as u64) as u32;
         let line_size = LINE_SIZES[((seed / 7) % 3) as usize];
         let (cache_size, backing_size) = match line_size {
@@ -175,7 +175,7 @@ impl Run {
         });
         let layout = cache.layout();
         let setup_ops = clock.ops();
-        let mut rng = Rng(plan.seed ^ 0xc4a5_4c10c);
+        let mut rng = Rng(plan.seed ^ 0xc_4a54_c10c);
         // Crash points: gaps of 1..2*gap ops, up to far past any workload's end.
         let mut at = setup_ops;
         let horizon = setup_ops + 64 * (plan.threads * plan.ops_per_thread) as u64 + 10_000;
