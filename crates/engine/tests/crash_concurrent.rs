@@ -2,7 +2,8 @@
 //! once (writes and FUA writes racing FLUSHes, streams written around the cache, WRITE_ZEROES,
 //! TRIM, writeback batches, commits, mode changes), run by shuttle's randomized scheduler with
 //! every device call a scheduling point; the seed of a workload fixes its requests and its
-//! interleaving, so a failure replays exactly. Each thread owns its sectors (in runs of 8,
+//! interleaving, so a failure replays exactly (on the same code: a change to the engine changes
+//! the interleavings a seed gives). Each thread owns its sectors (in runs of 8,
 //! inside lines all threads share), which keeps the contract exact: a FLUSH covers every
 //! write completed before it started. See crashsim/mod.rs.
 //!
