@@ -98,8 +98,8 @@ fn flush_racing_a_write_to_the_backing_device() {
     let got = read_byte(vol, at);
     assert!(
         got == 0xD1 || got == 0,
-        "the sector at byte {at} reads {got:#x} after the power cut: older than 0xD1, which a FLUSH had made \
-         durable (allowed: 0xd1, or the zeroes written after it)"
+        "the sector at byte {at} reads {got:#x} after the power cut: older than 0xD1, which a \
+         FLUSH had made durable (allowed: 0xd1, or the zeroes written after it)"
     );
 }
 
@@ -167,7 +167,8 @@ fn failed_commit_replayed_after_a_later_compaction() {
     let got = read_byte(&cache.volumes()[0], at);
     assert_eq!(
         got, 0,
-        "the sector at byte {at} reads {got:#x} after the power cut, not the zeroes a FLUSH made durable"
+        "the sector at byte {at} reads {got:#x} after the power cut, not the zeroes a FLUSH \
+         made durable"
     );
     assert_eq!(
         cache.dirty_lines(),

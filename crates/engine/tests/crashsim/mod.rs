@@ -298,6 +298,8 @@ pub fn run_test(kind: Kind, default_points: u64) {
     let only = env_u64("SSDCACHE_CRASH_SEED");
     // Every workload checks dozens of points: this many workloads is far more than needed.
     let max_workloads = wanted.max(1);
+    // Far more than a run needs on 2 cores (about 3 ms a point), so only a hang ends one.
+    let time_limit = Duration::from_secs(1200 + wanted / 20);
     let stats = Arc::new(Stats::default());
     let next = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
@@ -313,6 +315,7 @@ pub fn run_test(kind: Kind, default_points: u64) {
             scope.spawn(|| loop {
                 if stop.load(Ordering::Relaxed)
                     || stats.points.load(Ordering::Relaxed) >= wanted && only.is_none()
+                    || began.elapsed() > time_limit
                 {
                     break;
                 }
@@ -353,6 +356,7 @@ pub fn run_test(kind: Kind, default_points: u64) {
     let points = stats.points.load(Ordering::Relaxed);
     assert!(
         only.is_some() || points >= wanted,
-        "only {points} of {wanted} crash points were checked"
+        "only {points} of {wanted} crash points were checked (time limit {} s)",
+        time_limit.as_secs()
     );
 }
