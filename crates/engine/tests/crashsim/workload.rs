@@ -528,7 +528,7 @@ impl Run {
             tries += 1;
             match try_open(&self.cache_dev, &self.backing) {
                 Ok(cache) => return cache,
-                Err(e) if tries >= 4 || !self.faults_reached() => {
+                Err(e) if tries >= 8 || !self.faults_reached() => {
                     panic!("seed {}: restart failed: {e}", self.plan.seed)
                 }
                 Err(_) => {}
