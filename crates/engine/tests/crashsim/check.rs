@@ -20,12 +20,14 @@ use super::{tag_of, SECTOR};
 pub const WAYS_PER_INSTANT: u64 = 2;
 
 /// The tag each sector reads as (`u64::MAX` for data that is no tagged sector: garbage).
-fn read_volume(cache: &Cache, sectors: &[u64]) -> ssdcache_engine::Result<BTreeMap<u64, u64>> {
+/// A failed read names its sector.
+fn read_volume(cache: &Cache, sectors: &[u64]) -> Result<BTreeMap<u64, u64>, (u64, String)> {
     let vol = &cache.volumes()[0];
     let mut out = BTreeMap::new();
     let mut buf = vec![0u8; SECTOR as usize];
     for &s in sectors {
-        vol.read(s * SECTOR, &mut buf)?;
+        vol.read(s * SECTOR, &mut buf)
+            .map_err(|e| (s, e.to_string()))?;
         out.insert(s, tag_of(&buf).unwrap_or(u64::MAX));
     }
     Ok(out)
@@ -138,8 +140,14 @@ fn check_point(
     let cache = try_open(&cache_dev, &backing)
         .unwrap_or_else(|e| panic!("{}: the cache does not open: {e}", at()));
     stats.add(&stats.dirty_lines_recovered, cache.dirty_lines());
-    let first = read_volume(&cache, sectors)
-        .unwrap_or_else(|e| panic!("{}: a read after recovery failed: {e}", at()));
+    let first = read_volume(&cache, sectors).unwrap_or_else(|(sector, e)| {
+        panic!(
+            "{}: the read of sector {sector} after recovery failed: {e}; the contract allows {}\n{}",
+            at(),
+            contract.describe(sector),
+            run.trace(log, sector, state.op)
+        )
+    });
     for (&sector, &tag) in &first {
         assert!(
             contract.allows_after_crash(sector, tag),
@@ -162,8 +170,12 @@ fn check_point(
     let after = if cache.dirty_lines() == 0 {
         read_backing(&backing, sectors)
     } else {
-        read_volume(&cache, sectors)
-            .unwrap_or_else(|e| panic!("{}: a read after writeback failed: {e}", at()))
+        read_volume(&cache, sectors).unwrap_or_else(|(sector, e)| {
+            panic!(
+                "{}: the read of sector {sector} after writeback failed: {e}",
+                at()
+            )
+        })
     };
     drop(cache);
     assert_flip_free(
@@ -186,8 +198,12 @@ fn check_point(
         );
         let cache = try_open(&c, &b)
             .unwrap_or_else(|e| panic!("{}: no restart after a cut during writeback: {e}", at()));
-        let again = read_volume(&cache, sectors)
-            .unwrap_or_else(|e| panic!("{}: a read after the second cut failed: {e}", at()));
+        let again = read_volume(&cache, sectors).unwrap_or_else(|(sector, e)| {
+            panic!(
+                "{}: the read of sector {sector} after the second cut failed: {e}",
+                at()
+            )
+        });
         assert_flip_free(
             &first,
             &again,

@@ -290,12 +290,14 @@ mod concurrent {
     }
 }
 
-/// Runs workloads (seeds 1, 2, ...) on every core until `default_points` crash points were
-/// checked (`SSDCACHE_CRASH_POINTS` overrides), or only `SSDCACHE_CRASH_SEED`'s workload.
+/// Runs workloads (seeds 1, 2, ..., or from `SSDCACHE_CRASH_FIRST_SEED`) on every core until
+/// `default_points` crash points were checked (`SSDCACHE_CRASH_POINTS` overrides), or only
+/// `SSDCACHE_CRASH_SEED`'s workload.
 /// A failing workload prints its seed and the command that replays it.
 pub fn run_test(kind: Kind, default_points: u64) {
     let wanted = env_u64("SSDCACHE_CRASH_POINTS").unwrap_or(default_points);
     let only = env_u64("SSDCACHE_CRASH_SEED");
+    let first_seed = env_u64("SSDCACHE_CRASH_FIRST_SEED").unwrap_or(1);
     // Every workload checks dozens of points: this many workloads is far more than needed.
     let max_workloads = wanted.max(1);
     // Far more than a run needs on 2 cores (about 3 ms a point), so only a hang ends one.
@@ -323,7 +325,7 @@ pub fn run_test(kind: Kind, default_points: u64) {
                 if w >= max_workloads || (only.is_some() && w > 0) {
                     break;
                 }
-                let seed = only.unwrap_or(w + 1);
+                let seed = only.unwrap_or(first_seed + w);
                 let outcome = catch_unwind(AssertUnwindSafe(|| match kind {
                     Kind::Sequential => run_workload(kind, seed, &stats),
                     Kind::Concurrent => concurrent::run_scheduled(seed, &stats),
