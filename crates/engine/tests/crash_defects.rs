@@ -1,4 +1,5 @@
-//! One deterministic test per write-back loss defect found in review (issue #10). Each builds
+//! One deterministic test per write-back loss defect: the two found in review (issue #10) and
+//! those the crash simulator found (crashsim/, documented at each test). Each builds
 //! the exact sequence that loses data, cuts the power with the worst outcome the device model
 //! allows, reopens and checks the durability contract (docs/design.md §4.1) for the sector at
 //! stake. The randomized crash tests (crash.rs, crash_concurrent.rs) find the same defects;
