@@ -6,11 +6,11 @@
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::{
     sync::{atomic, Condvar, Mutex, MutexGuard, RwLock},
-    thread, thread_local,
+    thread,
 };
 
 #[cfg(feature = "shuttle")]
 pub(crate) use shuttle::{
     sync::{atomic, Condvar, Mutex, MutexGuard, RwLock},
-    thread, thread_local,
+    thread,
 };

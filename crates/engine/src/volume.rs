@@ -11,7 +11,7 @@ use crate::commit::{Backing, CommitPurpose};
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
 use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use crate::sync::{thread_local, Mutex, MutexGuard, RwLock};
+use crate::sync::{Mutex, MutexGuard, RwLock};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]
