@@ -1114,11 +1114,15 @@ impl Volume {
         {
             return Ok(());
         }
-        const CHUNK: u64 = 1 << 20;
-        let mut buf = AlignedBuf::zeroed(CHUNK as usize);
+        // One line at a time, into a buffer of at most one line: a CACHE request carries no
+        // payload, so the server's request-memory limit does not see what it holds here
+        // (design.md §6.1 counts it with the read misses).
+        let line_size = self.core.layout.line_size;
+        let end = offset + length;
+        let mut buf = AlignedBuf::zeroed(length.min(line_size) as usize);
         let mut pos = offset;
-        while pos < offset + length {
-            let n = (offset + length - pos).min(CHUNK);
+        while pos < end {
+            let n = (end - pos).min(line_size - pos % line_size);
             let (first, last) = self.line_range(pos, n);
             let _held = self.core.locks.lock_range(self.id, first, last);
             // The client asked for this data to be cached: admission does not apply.

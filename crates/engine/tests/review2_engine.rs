@@ -1,5 +1,5 @@
 //! Second adversarial review of the data path (issue #10): each test reproduces one finding
-//! and fails until the engine is fixed. Each names the sequence of events and the rule of
+//! and failed before the engine was fixed (they pass now). Each names the sequence of events and the rule of
 //! docs/design.md §4.1 (or the documented bound) it breaks.
 
 mod common;

@@ -91,7 +91,8 @@ fn resident_kib() -> u64 {
         .expect("VmRSS")
 }
 
-/// Finding R2-2. docs/design.md §6.1 says the daemon's resident memory is at most the sum of
+/// Finding R2-2 (fixed: a CACHE request now holds at most one line of its own, and the
+/// WRITE_ZEROES fallback writes from one shared buffer). docs/design.md §6.1 says the daemon's resident memory is at most the sum of
 /// its rows, and the only engine memory a client request holds outside the request-memory
 /// limit is "read misses: a worker whose read misses part of a line holds one line (64 KiB by
 /// default) while it reads the disk". But `Volume::prefetch` (NBD_CMD_CACHE, which carries no
