@@ -1,8 +1,7 @@
 //! A cache device with its volumes: open (load the checkpoint or start cold), serve through
 //! [`Volume`]s, and shut down (write the checkpoint, mark clean).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
@@ -19,6 +18,8 @@ use crate::locks::LineLocks;
 use crate::map::{Invariant, MapState};
 use crate::policy;
 use crate::superblock::write_superblock;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use crate::volume::Volume;
 
 /// Metadata pages are read and written this many at a time (1 MiB).
@@ -334,6 +335,23 @@ fn format_err(e: impl std::fmt::Display) -> EngineError {
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.
 pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Result<Superblock> {
     let layout = Layout::compute(dev.size(), line_size).map_err(format_err)?;
+    format_layout(dev, layout, volume)
+}
+
+/// Like [`format`], with a journal of exactly `journal_blocks` 4 KiB blocks (at least two
+/// compactions and one block): for tests, which need compactions to run often.
+pub fn format_with_journal(
+    dev: &dyn BlockDevice,
+    line_size: u64,
+    journal_blocks: u64,
+    volume: NewVolume,
+) -> Result<Superblock> {
+    let layout =
+        Layout::with_journal_blocks(dev.size(), line_size, journal_blocks).map_err(format_err)?;
+    format_layout(dev, layout, volume)
+}
+
+fn format_layout(dev: &dyn BlockDevice, layout: Layout, volume: NewVolume) -> Result<Superblock> {
     if policy::by_id(volume.policy, 1).is_none() {
         return Err(format_err(format!(
             "unknown replacement policy id {}",

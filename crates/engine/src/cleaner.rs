@@ -5,9 +5,7 @@
 //! "Writeback").
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ssdcache_device::AlignedBuf;
@@ -18,6 +16,9 @@ use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::locks::LineKey;
 use crate::map::{line_of, volume_of, DirtyLine};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::thread::{self, JoinHandle};
+use crate::sync::Mutex;
 use crate::volume::{Counter, Volume};
 
 /// When and how fast the cleaner writes back. Defaults are in docs/operations.md.
@@ -489,7 +490,7 @@ impl Cache {
         }
         self.cleaner.stop.store(false, Ordering::Release);
         let cache = Arc::clone(self);
-        *slot = Some(std::thread::spawn(move || cache.cleaner_loop(&cfg)));
+        *slot = Some(thread::spawn(move || cache.cleaner_loop(&cfg)));
     }
 
     /// Stops the cleaner thread and waits for its batch to finish.
@@ -702,7 +703,7 @@ fn in_parallel<T: Sync, R: Send>(
     }
     let next = AtomicUsize::new(0);
     let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
+    thread::scope(|scope| {
         for _ in 0..depth.min(items.len()) {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);

@@ -13,14 +13,15 @@
 //!   the failed one's leftover blocks.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use ssdcache_device::BlockDevice;
 use ssdcache_format::{Layout, LineRecord};
 
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 
 /// A backing device whose writes are counted against its flushes.
 pub(crate) struct Backing {
@@ -41,7 +42,10 @@ impl Backing {
     pub fn new(dev: Arc<dyn BlockDevice>) -> Backing {
         Backing {
             dev,
-            completed: AtomicU64::new(0),
+            // Writes of an earlier run (before a kill -9, say) may still sit in the device's
+            // volatile cache, and a client's FLUSH after the restart must cover them too: the
+            // first flush always reaches the device.
+            completed: AtomicU64::new(1),
             flushed: AtomicU64::new(0),
             flush_failed: AtomicBool::new(false),
         }
@@ -358,14 +362,24 @@ mod tests {
         });
         let backing = Backing::new(dev.clone());
         backing.flush().unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 0, "nothing written");
+        assert_eq!(
+            dev.flushes.load(Ordering::SeqCst),
+            1,
+            "the first flush covers an earlier run's writes"
+        );
+        backing.flush().unwrap();
+        assert_eq!(
+            dev.flushes.load(Ordering::SeqCst),
+            1,
+            "nothing written since"
+        );
         backing.write_at(&[1u8; 4096], 0).unwrap();
         backing.flush().unwrap();
         backing.flush().unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 1);
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 2);
         backing.write_with(|d| d.write_zeroes(0, 4096)).unwrap();
         backing.flush().unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 2);
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 3);
     }
 
     /// The race a single flag lost: a flush that starts while a write is in flight must not
@@ -377,6 +391,7 @@ mod tests {
             flushes: AtomicU64::new(0),
         });
         let backing = Backing::new(dev.clone());
+        backing.flush().unwrap();
         backing
             .write_with(|d| {
                 // Another thread's FLUSH runs while this write is in flight.
@@ -384,11 +399,11 @@ mod tests {
                 d.write_at(&[2u8; 4096], 0)
             })
             .unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 0);
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 1);
         backing.flush().unwrap();
         assert_eq!(
             dev.flushes.load(Ordering::SeqCst),
-            1,
+            2,
             "the write still needs its flush"
         );
     }

@@ -13,9 +13,12 @@ mod locks;
 mod map;
 pub mod policy;
 pub mod superblock;
+mod sync;
 mod volume;
 
-pub use cache::{format, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport};
+pub use cache::{
+    format, format_with_journal, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport,
+};
 pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
 pub use error::{EngineError, Result};
 pub use superblock::{read_superblock, write_superblock};

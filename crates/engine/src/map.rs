@@ -70,14 +70,18 @@ pub struct MapState {
     dirty_since: Vec<u32>,
     /// Dirty slots by backing address, for the cleaner's sweep.
     dirty_index: BTreeMap<LineKey, u32>,
-    /// True while the durable metadata may say the slot holds dirty data: such a slot is never
-    /// reused until a commit says otherwise (its data may be the only copy after a crash).
-    maybe_durable_dirty: Vec<bool>,
+    /// The sectors the durable metadata may call dirty, `words_per_line` per slot: the union
+    /// of the dirty bits of every record handed to a commit since the last completed commit
+    /// that recorded the slot. A slot with any is never reused until a commit says otherwise
+    /// (its data may be the only copy after a crash), and such a sector that is no longer
+    /// dirty keeps its bytes (a crash may bring its record back, whose checksum must still
+    /// match): fills skip it, writes through drop it.
+    recorded_dirty: Vec<u64>,
     /// Slots whose dirty state changed since the last commit.
     changed: Vec<u32>,
     is_changed: Vec<bool>,
     free: Vec<u32>,
-    /// Released slots waiting for a commit before reuse (see `maybe_durable_dirty`).
+    /// Released slots waiting for a commit before reuse (see `recorded_dirty`).
     pending_free: Vec<u32>,
     policy: Box<dyn ReplacementPolicy>,
     /// Lines, valid sectors and dirty sectors held per volume, for statistics.
@@ -125,7 +129,7 @@ impl MapState {
             epoch: vec![0; n],
             dirty_since: vec![0; n],
             dirty_index: BTreeMap::new(),
-            maybe_durable_dirty: vec![false; n],
+            recorded_dirty: vec![0; n * words_per_line],
             changed: Vec::new(),
             is_changed: vec![false; n],
             // Popping from the end hands out low slots first.
@@ -245,11 +249,11 @@ impl MapState {
             if let Some(s) = self.free.pop() {
                 break s;
             }
-            let (keys, dirty, durable) = (&self.keys, &self.dirty, &self.maybe_durable_dirty);
+            let (keys, dirty, durable) = (&self.keys, &self.dirty, &self.recorded_dirty);
             let wpl = self.words_per_line;
             let victim = self.policy.victim(key, &mut |s| {
                 let at = s as usize * wpl;
-                !durable[s as usize]
+                durable[at..at + wpl].iter().all(|&w| w == 0)
                     && dirty[at..at + wpl].iter().all(|&w| w == 0)
                     && !locks.is_held(keys[s as usize])
             });
@@ -266,7 +270,7 @@ impl MapState {
         check(
             (slot as usize) < self.keys.len()
                 && self.keys[slot as usize] == NO_KEY
-                && !self.maybe_durable_dirty[slot as usize],
+                && !self.maybe_durable_dirty(slot),
             || format!("slot {slot} handed out for reuse while in use or possibly durably dirty"),
         )?;
         self.keys[slot as usize] = key;
@@ -281,7 +285,7 @@ impl MapState {
     /// durable metadata may still call it dirty.
     fn release(&mut self, slot: u32) -> Checked {
         self.unmap(slot)?;
-        if self.maybe_durable_dirty[slot as usize] {
+        if self.maybe_durable_dirty(slot) {
             self.note_changed(slot);
             self.pending_free.push(slot);
         } else {
@@ -314,6 +318,33 @@ impl MapState {
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
         Ok(())
+    }
+
+    /// Whether the durable metadata may call any sector of the slot dirty.
+    fn maybe_durable_dirty(&self, slot: u32) -> bool {
+        let at = slot as usize * self.words_per_line;
+        self.recorded_dirty[at..at + self.words_per_line]
+            .iter()
+            .any(|&w| w != 0)
+    }
+
+    /// The sectors of a slot the durable metadata may call dirty (see `recorded_dirty`).
+    pub fn recorded_dirty_of(&self, slot: u32) -> SectorBitmap {
+        Self::load(&self.recorded_dirty, self.words_per_line, slot)
+    }
+
+    fn add_recorded_dirty(&mut self, slot: u32, dirty: &SectorBitmap) {
+        let mut bits = self.recorded_dirty_of(slot);
+        for w in 0..4 {
+            bits.0[w] |= dirty.0[w];
+        }
+        self.set_recorded_dirty(slot, &bits);
+    }
+
+    fn set_recorded_dirty(&mut self, slot: u32, bits: &SectorBitmap) {
+        let wpl = self.words_per_line;
+        let at = slot as usize * wpl;
+        self.recorded_dirty[at..at + wpl].copy_from_slice(&bits.0[..wpl]);
     }
 
     /// Marks sectors valid with data equal to the backing device's (a fill). Sectors already
@@ -637,9 +668,7 @@ impl MapState {
             .map(|slot| {
                 self.is_changed[slot as usize] = false;
                 let rec = self.journal_record(slot);
-                if !rec.is_free() {
-                    self.maybe_durable_dirty[slot as usize] = true;
-                }
+                self.add_recorded_dirty(slot, &rec.dirty);
                 (slot, rec)
             })
             .collect()
@@ -654,8 +683,9 @@ impl MapState {
         slots
             .into_iter()
             .map(|slot| {
-                self.maybe_durable_dirty[slot as usize] = true;
-                (slot, self.journal_record(slot))
+                let rec = self.journal_record(slot);
+                self.add_recorded_dirty(slot, &rec.dirty);
+                (slot, rec)
             })
             .collect()
     }
@@ -665,23 +695,16 @@ impl MapState {
     /// dirty is durably free.
     pub fn commit_done(&mut self, records: &[(u32, LineRecord)], compaction: bool) {
         if compaction {
-            let mut dirty_now = vec![false; self.keys.len()];
-            for (slot, rec) in records {
-                dirty_now[*slot as usize] = !rec.is_free();
-            }
-            self.maybe_durable_dirty = dirty_now;
-        } else {
-            for (slot, rec) in records {
-                if rec.is_free() {
-                    self.maybe_durable_dirty[*slot as usize] = false;
-                }
-            }
+            self.recorded_dirty.fill(0);
         }
-        let durable = &self.maybe_durable_dirty;
+        // The last record of a slot is what replay uses now.
+        for (slot, rec) in records {
+            self.set_recorded_dirty(*slot, &rec.dirty);
+        }
         let (reusable, waiting): (Vec<u32>, Vec<u32>) = self
             .pending_free
             .iter()
-            .partition(|&&s| !durable[s as usize]);
+            .partition(|&&s| !self.maybe_durable_dirty(s));
         self.pending_free = waiting;
         self.free.extend(reusable);
     }
@@ -697,7 +720,7 @@ impl MapState {
     /// Empties a slot wherever it stands, during recovery (nothing is durable-dirty yet; the
     /// free list is rebuilt at the end, `rebuild_free_list`).
     pub fn forget_slot(&mut self, slot: u32) -> Checked {
-        self.maybe_durable_dirty[slot as usize] = false;
+        self.set_recorded_dirty(slot, &SectorBitmap::default());
         if self.keys[slot as usize] == NO_KEY {
             return Ok(());
         }
@@ -750,7 +773,7 @@ impl MapState {
         self.set_unverified(slot, unverified && !dirty.is_empty());
         self.store(slot, valid, dirty, 0)?;
         // Whatever was restored came from durable metadata.
-        self.maybe_durable_dirty[slot as usize] = !dirty.is_empty();
+        self.set_recorded_dirty(slot, &dirty);
         self.is_changed[slot as usize] = false;
         self.changed.retain(|&s| s != slot);
         Ok(())
@@ -772,7 +795,9 @@ impl MapState {
     /// reuse check exists for.
     pub(crate) fn break_free_list_for_test(&mut self) -> u32 {
         let slot = self.free.pop().unwrap_or(0);
-        self.maybe_durable_dirty[slot as usize] = true;
+        let mut one = SectorBitmap::default();
+        one.set(0, true);
+        self.set_recorded_dirty(slot, &one);
         self.free.push(slot);
         slot
     }

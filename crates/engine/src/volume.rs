@@ -1,7 +1,6 @@
 //! One backing device served through the cache: the read and write paths of each mode.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
@@ -11,6 +10,8 @@ use crate::cache::{CacheCore, Mismatch};
 use crate::commit::{Backing, CommitPurpose};
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
+use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::sync::{Mutex, MutexGuard, RwLock};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]
@@ -788,26 +789,60 @@ impl Volume {
         let Some((slot, cached)) = self.slot_for(seg)? else {
             return Ok(false); // every line busy or dirty: skip caching this one
         };
-        match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
+        // Sectors the durable metadata may still call dirty keep their bytes: a crash may
+        // bring that record back, and its checksum must still match what the slot holds. A
+        // fill skips those no longer dirty (it rewrites dirty ones with the same bytes); data
+        // written through drops them all from the cache instead (the backing device has it).
+        let keep = {
+            let map = self.core.map();
+            let mut keep = map.recorded_dirty_of(slot);
+            if !supersedes_dirty {
+                let dirty = map.dirty_of(slot).unwrap_or_default();
+                for w in 0..4 {
+                    keep.0[w] &= !dirty.0[w];
+                }
+            }
+            keep
+        };
+        for (run, kept) in split_runs(*seg, |i| keep.get(seg.first_sector + i)) {
+            if !kept {
+                let at = run.buf_at - seg.buf_at;
+                self.put_clean_run(slot, &run, &data[at..at + run.len], supersedes_dirty)?;
+            } else if supersedes_dirty {
+                self.core
+                    .with_map(|m| m.invalidate_slot(slot, run.first_sector, run.sectors))?;
+            }
+        }
+        Ok(cached)
+    }
+
+    fn put_clean_run(
+        &self,
+        slot: u32,
+        run: &Segment,
+        data: &[u8],
+        supersedes_dirty: bool,
+    ) -> Result<()> {
+        match self.core.dev.write_at(data, self.slot_offset(slot, run)) {
             Ok(()) => {
-                self.count(Counter::BytesToCache, seg.len as u64);
+                self.count(Counter::BytesToCache, run.len as u64);
                 let mut crcs = [0u32; MAX_SECTORS];
                 let crcs = sector_crcs(data, &mut crcs);
                 self.core.with_map(|m| {
                     if supersedes_dirty {
-                        m.set_written_through(slot, seg.first_sector, crcs)
+                        m.set_written_through(slot, run.first_sector, crcs)
                     } else {
-                        m.set_clean_valid(slot, seg.first_sector, crcs)
+                        m.set_clean_valid(slot, run.first_sector, crcs)
                     }
-                })?;
+                })
             }
             Err(e) => {
                 self.core
-                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
+                    .with_map(|m| m.invalidate_slot(slot, run.first_sector, run.sectors))?;
                 self.cache_failed(e);
+                Ok(())
             }
         }
-        Ok(cached)
     }
 
     /// The slot caching a segment's line, allocated if needed, and whether the line was cached
@@ -1079,11 +1114,15 @@ impl Volume {
         {
             return Ok(());
         }
-        const CHUNK: u64 = 1 << 20;
-        let mut buf = AlignedBuf::zeroed(CHUNK as usize);
+        // One line at a time, into a buffer of at most one line: a CACHE request carries no
+        // payload, so the server's request-memory limit does not see what it holds here
+        // (design.md §6.1 counts it with the read misses).
+        let line_size = self.core.layout.line_size;
+        let end = offset + length;
+        let mut buf = AlignedBuf::zeroed(length.min(line_size) as usize);
         let mut pos = offset;
-        while pos < offset + length {
-            let n = (offset + length - pos).min(CHUNK);
+        while pos < end {
+            let n = (end - pos).min(line_size - pos % line_size);
             let (first, last) = self.line_range(pos, n);
             let _held = self.core.locks.lock_range(self.id, first, last);
             // The client asked for this data to be cached: admission does not apply.
@@ -1104,18 +1143,24 @@ const MAX_SECTORS: usize = (ssdcache_format::MAX_LINE_SIZE / SECTOR_SIZE) as usi
 /// buffer) and runs that are not: `(run, zeroes)`.
 fn sector_runs(seg: Segment, data: &[u8]) -> impl Iterator<Item = (Segment, bool)> + '_ {
     let sector = SECTOR_SIZE as usize;
-    let is_zero = move |i: usize| {
+    split_runs(seg, move |i| {
         let at = seg.buf_at + i * sector;
         data[at..at + sector].iter().all(|&b| b == 0)
-    };
+    })
+}
+
+/// Splits a segment into runs of consecutive sectors for which `pred` (given the sector's
+/// index in the segment) is the same: `(run, pred)`.
+fn split_runs(seg: Segment, pred: impl Fn(usize) -> bool) -> impl Iterator<Item = (Segment, bool)> {
+    let sector = SECTOR_SIZE as usize;
     let mut i = 0;
     std::iter::from_fn(move || {
         if i >= seg.sectors {
             return None;
         }
-        let zeroes = is_zero(i);
+        let value = pred(i);
         let end = (i + 1..seg.sectors)
-            .find(|&j| is_zero(j) != zeroes)
+            .find(|&j| pred(j) != value)
             .unwrap_or(seg.sectors);
         let run = Segment {
             line: seg.line,
@@ -1127,7 +1172,7 @@ fn sector_runs(seg: Segment, data: &[u8]) -> impl Iterator<Item = (Segment, bool
             in_line: seg.in_line + (i * sector) as u64,
         };
         i = end;
-        Some((run, zeroes))
+        Some((run, value))
     })
 }
 
