@@ -4,7 +4,7 @@
 # over it, ssdcache --emulate-hdd in each mode (write-back included). Uses from
 # bench/run: $BIN $T $RES $BACKING (first $WORKING_SET_MIB MiB written),
 # run/note_cmd_once, discard_cache, wait_socket, stop_pid, forget_pid,
-# STARTED_PIDS, log, die, $QUICK, PCT_LIST, ZIPF_ARGS.
+# STARTED_PIDS, log, die, $QUICK, PCT_LIST, ZIPF_ARGS, $TRACES_DIR, $SYNTHETIC.
 #
 # Results: $RES/hdd/CELL.fio.json + CELL.meta.json per measurement, the trace
 # iolog, the warm-up curve samples, env.json.
@@ -17,7 +17,12 @@ HDD_RAMP=1
 WARM_CAP=$((4 * HDD_RUNTIME))           # ssdcache warm-up pass cap (s)
 WARM_SEED=randrepeat0                   # warm-up's seeding (recorded: runs differing here differ in warm cells)
 SEQ_CAP=10                              # sequential cells: one pass over the working set, capped (s)
-TRACE_FILE=${TRACE_FILE:-/work/shared/traces/mqsim/tpcc-small.trace}
+# The replayed trace: $TRACE_FILE, else MQSim's TPC-C trace from the shared traces
+# (SSDCACHE_TRACES), else the synthetic phases trace bench/run wrote (55% writes).
+if [ -z "${TRACE_FILE:-}" ]; then
+    if [ -n "$TRACES_DIR" ]; then TRACE_FILE=$TRACES_DIR/mqsim/tpcc-small.trace; else TRACE_FILE=$SYNTHETIC/phases.disksim; fi
+fi
+[ -f "$TRACE_FILE" ] || die "trace $TRACE_FILE is missing"
 if [ "$QUICK" = 1 ]; then
     TRACE_N=400 TRACE_CAP=4 CURVE_S=6
     TARGETS=(hdd nbdkit ssd-wt ssd-wb)

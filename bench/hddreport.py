@@ -356,8 +356,12 @@ def section(res, env, hit_pair, plots, compare):
         t = json.load(open(tj))
         w("### Trace replay")
         w("")
-        w(f"`{os.path.relpath(t['trace'], '/work/shared') if t['trace'].startswith('/work/shared') else t['trace']}` "
-          f"(DiskSim ASCII, MQSim's TPC-C trace): the first {t['requests']:,} requests ({t['reads']:,} reads, "
+        name = os.path.basename(t['trace'])
+        source = (f"`mqsim/{name}` of the shared traces (DiskSim ASCII, MQSim's TPC-C trace)"
+                  if name.startswith("tpcc") else
+                  f"`{name}` (DiskSim ASCII, a synthetic trace of `bench/libcachesim/synthetic`, "
+                  "written because SSDCACHE_TRACES was not set)")
+        w(f"{source}: the first {t['requests']:,} requests ({t['reads']:,} reads, "
           f"{t['writes']:,} writes, mean {t['mean_kib']:.1f} KiB, {t['distinct_64k_lines']:,} distinct 64 KiB "
           f"lines), converted by `bench/trace2iolog.py` to a fio iolog v2 (offsets aligned down and lengths "
           f"up to 4 KiB, offsets folded modulo {t['region'] >> 20} MiB), replayed with "

@@ -4,7 +4,8 @@
     trace2iolog.py TRACE [--requests N] [--region BYTES] --out FILE [--summary JSON]
 
 Input lines: `time_ns device start_sector nsectors type` (512-byte sectors; type 1 = read,
-0 = write), e.g. /work/shared/traces/mqsim/*.trace. The first N requests are kept (all
+0 = write), e.g. mqsim/*.trace of the shared traces or phases.disksim of
+`bench/libcachesim/synthetic traces DIR`. The first N requests are kept (all
 devices, in order). Byte offsets are aligned down to 4 KiB and folded into [0, REGION)
 (offset modulo REGION: the trace addresses a far larger disk than the benchmark's); lengths
 are rounded up to 4 KiB and clipped at the end of the region. Timing is dropped (the replay

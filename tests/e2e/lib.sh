@@ -139,9 +139,11 @@ start_server() {
     SOCK=$sock
     local i
     for ((i = 0; i < SERVER_START_TIMEOUT * 10; i++)); do
+        # Ready once it accepts: serve binds its sockets before it opens the cache, so the
+        # socket file alone does not mean the cache is open (its log says so first).
         if [[ -n "${KEEP_STALE_SOCKET:-}" ]]; then
             timeout 5 nbdinfo --size "$(nbd_uri "$sock")" >/dev/null 2>&1 && return 0
-        elif [[ -S "$sock" ]]; then
+        elif [[ -S "$sock" ]] && grep -q "accepting connections" "$SERVER_LOG"; then
             return 0
         fi
         if ! _is_ours_alive "$SERVER_PID"; then
@@ -233,6 +235,21 @@ stderr: $err"
     grep -Eqi -- "$re" <<<"$err" || fail "$desc: stderr does not match /$re/: $*
 stderr: $err"
     log "$desc: refused as expected (status $rc): $(head -c 200 <<<"$err" | tr '\n' ' ')"
+}
+
+# expect_status STATUS DESC REGEX CMD...: CMD (bounded) exits with exactly STATUS and prints on
+# stderr a message matching REGEX (case-insensitive); the stderr is left in $TEST_DIR/es.err.
+expect_status() {
+    local want=$1 desc=$2 re=$3 rc=0 err
+    shift 3
+    timeout -k 5 30 "$@" >"$TEST_DIR/es.out" 2>"$TEST_DIR/es.err" </dev/null || rc=$?
+    err=$(cat "$TEST_DIR/es.err")
+    [[ $rc -eq $want ]] || fail "$desc: expected exit status $want, got $rc: $*
+stdout: $(head -c 2000 "$TEST_DIR/es.out")
+stderr: $err"
+    grep -Eqi -- "$re" <<<"$err" || fail "$desc: stderr does not match /$re/: $*
+stderr: $err"
+    log "$desc: status $rc as expected: $(head -c 200 <<<"$err" | tr '\n' ' ')"
 }
 
 assert_eq() { # assert_eq ACTUAL EXPECTED DESC
@@ -367,4 +384,55 @@ verify_sums() { # verify_sums SUMFILE [ROOT]
     [[ $rc -eq 0 ]] || fail "sha256sum -c $1 failed (status $rc):
 $(head -n 40 <<<"$out")"
     log "all $(wc -l <"$1") checksums in $(basename "$1") match"
+}
+
+# ---- Traces. Every run checks the synthetic traces of bench/libcachesim/synthetic (written by
+# the test, with libCacheSim's miss ratios in bench/libcachesim/synthetic.csv); the shared
+# traces are checked too when SSDCACHE_TRACES names their folder (CI: shared/traces beside the
+# checkout); then a missing trace fails the test.
+
+# shared_traces_dir: the folder SSDCACHE_TRACES names (a relative path from the repository), or
+# nothing when it is unset.
+shared_traces_dir() {
+    [[ -n "${SSDCACHE_TRACES:-}" ]] || return 0
+    local dir=$SSDCACHE_TRACES
+    [[ $dir == /* ]] || dir="$REPO/$dir"
+    [[ -d "$dir" ]] || fail "SSDCACHE_TRACES=$SSDCACHE_TRACES is not a folder"
+    printf '%s\n' "$dir"
+}
+
+# shared_trace DIR RELATIVE: the trace's path; fails the test when it is missing.
+shared_trace() {
+    [[ -f "$1/$2" ]] || fail "shared trace $1/$2 is missing (SSDCACHE_TRACES=$SSDCACHE_TRACES)"
+    printf '%s\n' "$1/$2"
+}
+
+# synthetic_traces DIR: writes the synthetic traces into DIR.
+synthetic_traces() {
+    python3 "$REPO/bench/libcachesim/synthetic" traces "$1" || fail "bench/libcachesim/synthetic traces $1 failed"
+}
+
+# synthetic_reference FILE PERCENT: libCacheSim's miss ratios on the synthetic trace FILE at
+# PERCENT of its unique 4 KiB blocks, from synthetic.csv, as
+# "lines=N unique=N lru=M fifo=M clock=M arc=M s3fifo=M".
+synthetic_reference() {
+    python3 - "$REPO/bench/libcachesim/synthetic.csv" "synthetic/$1" "$2" <<'PY' || fail "no reference for $1 at $2% in synthetic.csv"
+import csv, sys
+path, trace, percent = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = [r for r in csv.DictReader(open(path)) if r["trace"] == trace]
+unique = int(rows[0]["unique_blocks"])
+lines = max(1, unique * percent // 100)
+misses = {r["policy"]: r["miss_ratio"] for r in rows if int(r["cache_blocks"]) == lines}
+assert len(misses) == 5, misses
+print(f"lines={lines} unique={unique} " + " ".join(f"{p}={m}" for p, m in misses.items()))
+PY
+}
+
+# spec_get SPEC KEY: the value of KEY=VALUE in SPEC (a space-separated list).
+spec_get() {
+    local pair
+    for pair in $1; do
+        [[ ${pair%%=*} == "$2" ]] && { printf '%s\n' "${pair#*=}"; return 0; }
+    done
+    fail "no $2 in '$1'"
 }

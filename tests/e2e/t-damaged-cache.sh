@@ -1,64 +1,90 @@
 #!/usr/bin/env bash
-# A cache file truncated and extended again while it held dirty data (the region past the cut
-# now reads as zeroes): `detach` must not write those zeroes onto the backing device. It
-# refuses, names the damaged ranges and changes neither file; `detach --discard-damaged`
-# then writes back everything intact and leaves the damaged ranges' older backing data.
+# Damaged caches. `create` never overwrites a cache that holds dirty data, or may, unless
+# --discard-dirty-data says so (--force alone is not enough): a truncated cache (the amount is
+# read from its checkpoint), one stopped uncleanly whose journal is cut off (the amount cannot
+# be known), one whose two superblock copies are damaged. A device that is not a cache needs
+# no flag.
 source "$(dirname "$0")/lib.sh"
-require_tool qemu-io jq md5sum python3
+require_tool qemu-io jq cmp truncate dd sha256sum
 require_bin
+M=$((1024 * 1024))
 
-mk_sparse backing.img 512M
-mk_sparse cache.img 128M
+mk_sparse backing.img 256M
+mk_sparse cache.img 64M
 create_cache cache.img backing.img --name wb --mode write-back --sequential-cutoff 0
 URI=$(nbd_uri "$TEST_DIR/wb.sock" wb)
 
-# 48 MiB of dirty data: 96 pieces of 512 KiB, each its own byte pattern, spread over the disk.
+# 8 MiB dirty, kept across a clean stop (the checkpoint records it).
 start_server "$TEST_DIR/wb.sock" --cache cache.img --writeback-max-age 3600
-cmds=()
-for i in $(seq 0 95); do
-    cmds+=("write -P $((i + 1)) $((i * 5))M 512k")
-done
-qio "$URI" "${cmds[@]}" "flush" >/dev/null
+qio "$URI" "write -P 0x11 0 8M" "flush" >/dev/null
 stop_server
-dirty=$(ssd info --cache cache.img --json | jq '.volumes[0].dirty_bytes')
-assert_eq "$dirty" $((48 << 20)) "dirty bytes before the damage"
+assert_eq "$(ssd info --cache cache.img --json | jq '.volumes[0].dirty_bytes')" $((8 * M)) "dirty bytes after a clean stop"
 
-# Cut the cache file inside its dirty data and extend it again: the tail reads as zeroes.
-data_offset=$(ssd info --cache cache.img --json | jq '.data_offset')
-truncate -s $((data_offset + (24 << 20))) cache.img
-truncate -s 128M cache.img
-before=$(md5sum <backing.img)
+# copy_of SRC DST: a sparse copy of a cache file.
+copy_of() { cp --sparse=always "$1" "$2"; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-expect_fail_stderr "detach over a cache that lost part of its dirty data" \
-    "fail their checksums.*bytes \[.*--discard-damaged" \
-    "$SSDCACHE_BIN" detach --cache cache.img
-assert_eq "$(md5sum <backing.img)" "$before" "the backing file after the refused detach"
-assert_eq "$(ssd info --cache cache.img --json | jq '.volumes[0].dirty_bytes')" "$dirty" \
-    "the dirty data is still in the cache"
+# ---- truncated, metadata still readable: the refusal names the volume and the bytes ----
+copy_of cache.img truncated.img
+truncate -s 32M truncated.img
+before=$(sha truncated.img)
+expect_status 1 "create --force on a truncated cache holding dirty data" \
+    "truncated.*holds 8 MiB of dirty data.*volume 'wb'.*8 MiB in 128 lines.*--force never discards.*--discard-dirty-data" \
+    "$SSDCACHE_BIN" create --cache truncated.img --backing backing.img --force
+expect_status 1 "plain create on a truncated cache holding dirty data" \
+    "truncated.*8 MiB of dirty data.*flush.*--discard-dirty-data" \
+    "$SSDCACHE_BIN" create --cache truncated.img --backing backing.img
+assert_eq "$(sha truncated.img)" "$before" "truncated cache after refused creates"
+old_uuid=$(jq -r .uuid <<<"$(ssd info --cache cache.img --json)")
+out=$(ssd create --cache truncated.img --backing backing.img --name fresh --discard-dirty-data 2>&1) ||
+    fail "create --discard-dirty-data on the truncated cache failed: $out"
+assert_contains "$out" "discarding 8 MiB of dirty data" "create --discard-dirty-data says what it discards"
+info=$(ssd info --cache truncated.img --json)
+assert_eq "$(jq -r '.volumes[0].name' <<<"$info")" fresh "the re-created cache's volume"
+[[ "$(jq -r .uuid <<<"$info")" != "$old_uuid" ]] || fail "the re-created cache kept the old uuid"
+log "truncated cache: refused with the amount; --discard-dirty-data re-creates it"
 
-out=$(ssd detach --cache cache.img --discard-damaged 2>&1) || fail "detach --discard-damaged: $out"
-assert_contains "$out" "gave up" "detach says what it gave up"
-given_up=$(grep -c "volume 'wb' bytes \[" <<<"$out" || true)
-assert_gt "$given_up" 0 "ranges given up"
-# Every 64 KiB line of every piece is either its pattern (written back) or zeroes (given up,
-# the backing file's older data); there are some of each.
-read -r intact lost < <(python3 - backing.img <<'PY'
-import sys
-intact = lost = 0
-with open(sys.argv[1], "rb") as f:
-    for i in range(96):
-        for j in range(8):
-            f.seek(i * 5 * 2**20 + j * 65536)
-            chunk = f.read(65536)
-            if chunk == bytes([i + 1]) * 65536:
-                intact += 1
-            elif chunk == bytes(65536):
-                lost += 1
-            else:
-                sys.exit(f"piece {i} line {j}: neither its data nor the old zeroes")
-print(intact, lost)
-PY
-) || fail "the backing file holds data that is neither written back nor the old contents"
-assert_gt "$intact" 0 "lines written back"
-assert_gt "$lost" 0 "lines given up"
-log "detach refused the damaged cache, then wrote back $intact lines and gave up $lost"
+# ---- stopped uncleanly, journal cut off: the amount cannot be known ----
+copy_of cache.img unclean.img
+start_server "$TEST_DIR/unclean.sock" --cache unclean.img --writeback-max-age 3600
+qio "$(nbd_uri "$SOCK" wb)" "write -P 0x22 16M 4M" "flush" >/dev/null
+kill9_server
+journal_at=$(ssd info --cache unclean.img --json | jq .journal_offset)
+truncate -s "$journal_at" unclean.img # the superblocks and the checkpoint area stay
+before=$(sha unclean.img)
+expect_status 1 "create --force on an unclean cache whose journal is gone" \
+    "stopped uncleanly.*cannot be known.*volume 'wb'.*--force never discards.*--discard-dirty-data" \
+    "$SSDCACHE_BIN" create --cache unclean.img --backing backing.img --force
+assert_eq "$(sha unclean.img)" "$before" "unclean cache after a refused create"
+
+# ---- both superblock copies damaged: refused even without --force ----
+for damage in random magic; do
+    copy_of cache.img both.img
+    if [[ $damage == random ]]; then
+        dd if=/dev/urandom of=both.img bs=64k count=2 conv=notrunc status=none
+    else # the magic stays, a header byte changes in each copy: checksums fail
+        printf 'XXXX' | dd of=both.img bs=1 seek=100 conv=notrunc status=none
+        printf 'XXXX' | dd of=both.img bs=1 seek=$((65536 + 100)) conv=notrunc status=none
+    fi
+    before=$(sha both.img)
+    expect_status 1 "plain create over both superblock copies damaged ($damage)" \
+        "looks like an ssdcache cache.*both damaged.*cannot be known.*--discard-dirty-data" \
+        "$SSDCACHE_BIN" create --cache both.img --backing backing.img
+    expect_status 1 "create --force over both superblock copies damaged ($damage)" \
+        "both damaged.*--force never discards dirty data" \
+        "$SSDCACHE_BIN" create --cache both.img --backing backing.img --force
+    expect_status 1 "info on a cache with both superblock copies damaged ($damage)" \
+        "superblock copies are both damaged" \
+        "$SSDCACHE_BIN" info --cache both.img
+    assert_eq "$(sha both.img)" "$before" "cache with both copies damaged after refused creates"
+    out=$(ssd create --cache both.img --backing backing.img --discard-dirty-data 2>&1) ||
+        fail "create --discard-dirty-data over damaged superblocks failed: $out"
+    ssd info --cache both.img >/dev/null || fail "the re-created cache does not read back"
+done
+log "both copies damaged: refused without --discard-dirty-data"
+
+# ---- a device that is not a cache: create needs no flag, as before ----
+mk_sparse zeros.img 64M
+create_cache zeros.img backing.img --name z
+
+log "ok"

@@ -1,46 +1,55 @@
 #!/usr/bin/env bash
-# simulate and advise on real traces: the libCacheSim reference point of arc/P3 (LRU and ARC
-# miss ratios at 10% of the footprint), CSV/JSON/SVG outputs, the write-back byte accounting,
-# advise's answer checked against simulate's curve, and the whole loop a user runs: record a
-# workload with `serve --record-trace`, then simulate and advise on the recording. Bad input
-# gets an error naming the file.
+# simulate and advise on traces: libCacheSim's miss ratios (LRU, ARC, S3-FIFO at 10% of the
+# footprint), CSV/JSON/SVG outputs, the write-back byte accounting, advise's answer checked
+# against simulate's curve, and the whole loop a user runs: record a workload with
+# `serve --record-trace`, then simulate and advise on the recording. Bad input gets an error
+# naming the file. The trace checks run on the synthetic traces of bench/libcachesim/synthetic
+# (hotscan.lis, phases.csv; libCacheSim's values from its synthetic.csv) and, when
+# SSDCACHE_TRACES names the shared traces folder, on arc/P3 and the CloudPhysics csv too.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io jq python3 truncate
 require_bin
-TRACES="$REPO/../shared/traces"
-P3="$TRACES/arc/P3.lis.zst"
-CP="$TRACES/cloudphysics/cloudPhysicsIO.csv"
-[[ -f "$P3" && -f "$CP" ]] || fail "shared traces missing: $TRACES (CI has shared/ beside the checkout)"
 
-log "simulate: libCacheSim's reference point on arc/P3 (10% of the footprint = 10,234 blocks)"
-ssd simulate --trace "$P3" --policy lru,arc,s3fifo --cache-size 10% --sequential-cutoff 0 \
-    --csv >p3.csv
-python3 - p3.csv <<'EOF'
+# trace_checks LABEL READS SPEC WRITES TARGET
+#   READS   a trace of reads; SPEC "lines=N unique=N requests=N lru=M arc=M s3fifo=M": the
+#           cache lines at 10% of its footprint, its unique lines and requests, and
+#           libCacheSim's miss ratios at that size
+#   WRITES  a trace with writes; TARGET a hit ratio advise can reach on it
+trace_checks() {
+    local label=$1 reads=$2 spec=$3 writes=$4 target=$5
+    local unique requests out json adv size policy hit txt
+    unique=$(spec_get "$spec" unique)
+    requests=$(spec_get "$spec" requests)
+
+    log "$label: simulate against libCacheSim at 10% of the footprint ($spec)"
+    ssd simulate --trace "$reads" --policy lru,arc,s3fifo --cache-size 10% --sequential-cutoff 0 \
+        --csv >reference.csv
+    python3 - reference.csv "$spec" <<'EOF' || fail "$label: simulate differs from libCacheSim ($spec)"
 import csv, sys
 rows = {r["policy"]: r for r in csv.DictReader(open(sys.argv[1]))}
-ref = {"lru": 0.7350, "arc": 0.6210, "s3fifo": 0.5840}   # shared/traces/README.md
-for p, miss in ref.items():
-    r = rows[p]
-    assert int(r["cache_lines"]) == 10234, r
+spec = dict(pair.split("=") for pair in sys.argv[2].split())
+for policy in ("lru", "arc", "s3fifo"):
+    r, miss = rows[policy], float(spec[policy])
+    assert int(r["cache_lines"]) == int(spec["lines"]), r
     got = 1 - float(r["hit_ratio"])
-    assert abs(got - miss) <= 0.002, f"{p}: miss ratio {got:.4f}, libCacheSim {miss}"
-print("P3 reference points match")
+    assert abs(got - miss) <= 0.002, f"{policy}: miss ratio {got:.4f}, libCacheSim {miss}"
+print("reference points match")
 EOF
 
-log "simulate: table, JSON and plot"
-out=$(ssd simulate --trace "$P3" --policy lru,s3fifo --cache-size 1%,10%,50% --plot p3.svg)
-assert_contains "$out" "footprint 399.8 MiB (102348 unique lines)" "simulate table header"
-assert_contains "$out" "s3fifo" "simulate table rows"
-python3 -c 'import sys, xml.dom.minidom as m; d = m.parse(sys.argv[1]); t = d.toxml(); assert "lru" in t and "s3fifo" in t' p3.svg \
-    || fail "p3.svg is not a well-formed SVG naming both policies"
-json=$(ssd simulate --trace "$P3" --policy lru --cache-size 10% --json)
-assert_eq "$(jq '.rows | length' <<<"$json")" 1 "JSON rows"
-assert_eq "$(jq '.summary.requests' <<<"$json")" 238578 "JSON request count of P3"
+    log "$label: simulate: table, JSON and plot"
+    out=$(ssd simulate --trace "$reads" --policy lru,s3fifo --cache-size 1%,10%,50% --plot reads.svg)
+    assert_contains "$out" "($unique unique lines)" "simulate table header"
+    assert_contains "$out" "s3fifo" "simulate table rows"
+    python3 -c 'import sys, xml.dom.minidom as m; d = m.parse(sys.argv[1]); t = d.toxml(); assert "lru" in t and "s3fifo" in t' reads.svg \
+        || fail "reads.svg is not a well-formed SVG naming both policies"
+    json=$(ssd simulate --trace "$reads" --policy lru --cache-size 10% --json)
+    assert_eq "$(jq '.rows | length' <<<"$json")" 1 "JSON rows"
+    assert_eq "$(jq '.summary.requests' <<<"$json")" "$requests" "JSON request count"
 
-log "simulate: write-back accounting on the CloudPhysics trace (59% writes)"
-ssd simulate --trace "$CP" --policy lru --cache-size 10%,50% --mode write-back \
-    --admission always,2-hit --csv >cp.csv
-python3 - cp.csv <<'EOF'
+    log "$label: simulate: write-back accounting on a trace with writes"
+    ssd simulate --trace "$writes" --policy lru --cache-size 10%,50% --mode write-back \
+        --admission always,2-hit --csv >writes.csv
+    python3 - writes.csv <<'EOF' || fail "$label: write-back rows inconsistent"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 assert len(rows) == 4, rows
@@ -54,23 +63,41 @@ assert int(big["2-hit"]["not_admitted_refs"]) > 0 and int(big["always"]["not_adm
 print("write-back rows consistent")
 EOF
 
-log "advise: the size it names reaches the target in simulate, a smaller one does not"
-adv=$(ssd advise --trace "$CP" --target-hit-ratio 0.25 --capacity 4TB --ssd-tbw 600 --json)
-size=$(jq -r '.recommended.cache_bytes' <<<"$adv")
-[[ "$size" =~ ^[0-9]+$ ]] || fail "advise named no size: $adv"
-policy=$(jq -r '.policy' <<<"$adv")
-hit=$(ssd simulate --trace "$CP" --policy "$policy" --cache-size "$size" --json | jq '.rows[0].hit_ratio')
-python3 -c "import sys; assert float(sys.argv[1]) >= 0.25, sys.argv[1]" "$hit" || fail "simulate at $size gives $hit < 0.25"
-python3 - <<EOF || fail "advise's endurance or cost is inconsistent: $adv"
-import json
-a = json.loads('''$adv''')
+    log "$label: advise: the size it names reaches $target in simulate"
+    adv=$(ssd advise --trace "$writes" --target-hit-ratio "$target" --capacity 4TB --ssd-tbw 600 --json)
+    size=$(jq -r '.recommended.cache_bytes' <<<"$adv")
+    [[ "$size" =~ ^[0-9]+$ ]] || fail "advise named no size: $adv"
+    policy=$(jq -r '.policy' <<<"$adv")
+    hit=$(ssd simulate --trace "$writes" --policy "$policy" --cache-size "$size" --json | jq '.rows[0].hit_ratio')
+    python3 -c "import sys; assert float(sys.argv[1]) >= float(sys.argv[2]), sys.argv[1]" "$hit" "$target" \
+        || fail "simulate at $size gives $hit < $target"
+    python3 - "$adv" <<'EOF' || fail "advise's endurance or cost is inconsistent: $adv"
+import json, sys
+a = json.loads(sys.argv[1])
 e, c = a["endurance"], a["cost"]
 assert e["tbw_bytes"] == 600e12 and not e["tbw_assumed"]
 assert e["ssd_bytes_written_per_day"] > 0 and e["lifetime_years"] > 0
 assert abs(c["all_flash"] - 4 * 60) < 1e-6 and c["hybrid"] < c["all_flash"]
 EOF
-txt=$(ssd advise --trace "$CP" --target-hit-ratio 0.99)
-assert_contains "$txt" "No cache reaches a hit ratio of 0.990" "advise with an unreachable target"
+    txt=$(ssd advise --trace "$writes" --target-hit-ratio 0.99)
+    assert_contains "$txt" "No cache reaches a hit ratio of 0.990" "advise with an unreachable target"
+}
+
+synthetic_traces "$TEST_DIR/synthetic"
+HOTSCAN="$TEST_DIR/synthetic/hotscan.lis"
+spec=$(synthetic_reference hotscan.lis 10)
+trace_checks synthetic "$HOTSCAN" "$spec requests=$(wc -l <"$HOTSCAN")" "$TEST_DIR/synthetic/phases.csv" 0.25
+
+TRACES=$(shared_traces_dir)
+if [[ -n "$TRACES" ]]; then
+    P3=$(shared_trace "$TRACES" arc/P3.lis.zst)
+    CP=$(shared_trace "$TRACES" cloudphysics/cloudPhysicsIO.csv)
+    # shared/traces/README.md: libCacheSim on arc/P3 at 10% (10,234 of 102,348 blocks).
+    trace_checks shared "$P3" "lines=10234 unique=102348 requests=238578 lru=0.7350 arc=0.6210 s3fifo=0.5840" \
+        "$CP" 0.25
+else
+    log "SSDCACHE_TRACES is not set: the checks on the shared traces did not run"
+fi
 
 log "record a workload with serve --record-trace, then simulate and advise on it"
 mk_sparse backing.img 256M
@@ -102,6 +129,6 @@ expect_fail_stderr "simulate on a file of no known format" 'bad\.csv' "$SSDCACHE
 expect_fail_stderr "simulate with a missing file" 'nonexistent\.trace' "$SSDCACHE_BIN" simulate --trace nonexistent.trace
 printf '1 8 0 0\n2 8 0 1\nthree 8 0 2\n' >cut.lis
 expect_fail_stderr "arc trace with a bad line" 'cut\.lis.*line 3' "$SSDCACHE_BIN" simulate --trace cut.lis --format arc
-expect_fail_stderr "unknown policy" 'unknown policy' "$SSDCACHE_BIN" simulate --trace "$P3" --policy lfu-ish
-expect_fail_stderr "bad target" 'above 0 and below 1' "$SSDCACHE_BIN" advise --trace "$P3" --target-hit-ratio 1.5
+expect_fail_stderr "unknown policy" 'unknown policy' "$SSDCACHE_BIN" simulate --trace "$HOTSCAN" --policy lfu-ish
+expect_fail_stderr "bad target" 'above 0 and below 1' "$SSDCACHE_BIN" advise --trace "$HOTSCAN" --target-hit-ratio 1.5
 log "PASS"

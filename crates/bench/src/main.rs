@@ -1,7 +1,10 @@
 //! `ssdcache-bench`: engine-level measurements for bench/run, where NBD would only add noise:
 //! how fast the cleaner destages dirty data onto the HDD model (against a naive one-at-a-time
 //! destage in arrival order), and how long recovery after a crash takes for a cache full of
-//! dirty data. Prints one JSON object.
+//! dirty data. Prints one JSON object. And `nbd-load`/`nbd-verify`: a verifying NBD load
+//! generator for a running `ssdcache serve` (see nbd_load/mod.rs).
+
+mod nbd_load;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,6 +45,11 @@ enum Command {
     /// in arrival order)
     Destage(DestageArgs),
     /// Fill a cache with dirty data (every line, whole), crash (no shutdown), time the restart
+    /// A verifying NBD load: N connections × queue depth D of random READ, WRITE (some FUA),
+    /// TRIM, WRITE_ZEROES and FLUSH, every read checked against a model of the export
+    NbdLoad(nbd_load::LoadArgs),
+    /// Read a whole NBD export back (twice) and check it against a model saved by nbd-load
+    NbdVerify(nbd_load::VerifyArgs),
     Recovery {
         #[arg(long)]
         cache: PathBuf,
@@ -57,6 +65,8 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Destage(a) => destage(&a),
+        Command::NbdLoad(a) => nbd_load::load(&a),
+        Command::NbdVerify(a) => nbd_load::verify(&a),
         Command::Recovery {
             cache,
             cache_size,

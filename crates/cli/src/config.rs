@@ -15,6 +15,12 @@
 //! record_sample = 0.01               # ... of 1% of the 1 MiB regions
 //! record_max_size = "1GiB"           # ... stopping when the file reaches this size
 //! record_trace_force = false         # replace an existing trace file
+//! max_connections = 128              # NBD connections open at once
+//! request_memory = "512MiB"          # all NBD request buffers together
+//! connection_memory = "64MiB"        # the request buffers of one connection
+//! io_timeout = 30                    # seconds for a started request to arrive, a reply to leave
+//! idle_timeout = 0                   # close connections idle this long; 0 = never
+//! shutdown_timeout = 30              # seconds SIGTERM waits for requests in flight
 //!
 //! [backing]                          # where a volume's backing device is now, if it moved
 //! sdb = "/dev/disk/by-id/ata-WDC_WD40EFRX-1234"
@@ -54,6 +60,12 @@ pub struct FileConfig {
     pub record_sample: Option<f64>,
     pub record_max_size: Option<SizeValue>,
     pub record_trace_force: Option<bool>,
+    pub max_connections: Option<usize>,
+    pub request_memory: Option<SizeValue>,
+    pub connection_memory: Option<SizeValue>,
+    pub io_timeout: Option<u64>,
+    pub idle_timeout: Option<u64>,
+    pub shutdown_timeout: Option<u64>,
     #[serde(default)]
     pub backing: BTreeMap<String, PathBuf>,
     /// The cache's replacement policy.
@@ -120,6 +132,12 @@ mod tests {
             record_trace = "/var/tmp/sdb.trace"
             record_sample = 0.01
             record_max_size = "1GiB"
+            max_connections = 64
+            request_memory = "1GiB"
+            connection_memory = 67108864
+            io_timeout = 10
+            idle_timeout = 0
+            shutdown_timeout = 5
             [backing]
             sdb = "/dev/sdb"
         "#;
@@ -128,6 +146,10 @@ mod tests {
         assert_eq!(c.record_sample, Some(0.01));
         let max = c.record_max_size.expect("record_max_size parses");
         assert_eq!(max.bytes("record_max_size").unwrap(), 1 << 30);
+        assert_eq!(c.max_connections, Some(64));
+        let memory = c.request_memory.expect("request_memory parses");
+        assert_eq!(memory.bytes("request_memory").unwrap(), 1 << 30);
+        assert_eq!((c.io_timeout, c.shutdown_timeout), (Some(10), Some(5)));
         let n: FileConfig = toml::from_str("record_max_size = 65536").expect("a byte count");
         assert_eq!(n.record_max_size.unwrap().bytes("x").unwrap(), 65536);
         assert!(toml::from_str::<FileConfig>("cahce = \"/x\"").is_err());

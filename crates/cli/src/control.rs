@@ -3,7 +3,7 @@
 //! `set-mode NAME MODE`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,57 +20,128 @@ pub fn default_path(cache_uuid: &[u8; 16]) -> PathBuf {
     crate::runtime_dir().join(format!("{}.ctl", uuid::Uuid::from_bytes(*cache_uuid)))
 }
 
-/// Listens on a Unix socket only its owner may use (mode 0600), replacing a stale one.
+/// Listens on a Unix socket only its owner may use (mode 0600), replacing a stale one. The
+/// directory must exist: a path the user typed is never silently created.
 pub fn bind(path: &Path) -> Result<UnixListener> {
-    prepare_socket_path(path)?;
+    bind_socket(path, false)
+}
+
+/// Like `bind`, creating the parent directory: for the default paths in the runtime directory
+/// (`/run/ssdcache` as root), which may not exist after a reboot.
+pub fn bind_creating_dir(path: &Path) -> Result<UnixListener> {
+    bind_socket(path, true)
+}
+
+fn bind_socket(path: &Path, create_dir: bool) -> Result<UnixListener> {
+    prepare_socket_path(path, create_dir)?;
     let listener =
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot make {} private (mode 0600)", path.display()))?;
     Ok(listener)
 }
 
-/// Creates the parent directory and removes a stale socket left by a dead daemon; refuses a
-/// socket some live server still answers on.
-pub fn prepare_socket_path(path: &Path) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+/// The directory a socket goes in ("." for a bare name).
+fn socket_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
     }
-    if std::fs::symlink_metadata(path).is_ok() {
-        if UnixStream::connect(path).is_ok() {
-            bail!(
-                "socket {} is in use by a running server; stop it or choose another path",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
-    }
-    Ok(())
 }
 
-/// Makes `link` a symlink to the control socket `target` (replacing a stale one).
+/// Makes `path` free for a new socket: checks (or creates) its directory, and removes a stale
+/// socket or link left by a daemon that died (`kill -9`, a crash). Refuses a socket some live
+/// server still answers on, and anything that is not a socket or a link (a typo must not
+/// delete a file).
+pub fn prepare_socket_path(path: &Path, create_dir: bool) -> Result<()> {
+    let dir = socket_dir(path);
+    if create_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    } else if !dir.is_dir() {
+        bail!(
+            "cannot make socket {}: directory {} does not exist; create it first or choose \
+             another path",
+            path.display(),
+            dir.display()
+        );
+    }
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot check {}", path.display())),
+    };
+    let kind = meta.file_type();
+    if !kind.is_socket() && !kind.is_symlink() {
+        bail!(
+            "{} exists and is not a socket; remove it or choose another path",
+            path.display()
+        );
+    }
+    if UnixStream::connect(path).is_ok() {
+        bail!(
+            "socket {} is in use by a running server; stop it or choose another path",
+            path.display()
+        );
+    }
+    remove_stale(path)
+}
+
+fn remove_stale(path: &Path) -> Result<()> {
+    tracing::info!(
+        "removing stale socket {} (left by a daemon that died)",
+        path.display()
+    );
+    std::fs::remove_file(path)
+        .with_context(|| format!("cannot remove stale socket {}", path.display()))
+}
+
+/// Makes `link` (in the runtime directory, created if needed) a symlink to the control socket
+/// `target`, replacing a link left by an earlier daemon of this cache, whether it points to a
+/// dead socket or to `target` itself (a daemon killed with -9 that used the same --control).
+/// Refuses a link or socket through which another live daemon answers.
 pub fn link(target: &Path, link: &Path) -> Result<PathBuf> {
-    prepare_socket_path(link)?;
-    let target = std::fs::canonicalize(target)?;
-    std::os::unix::fs::symlink(&target, link)
+    let dir = socket_dir(link);
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let target = std::fs::canonicalize(target)
+        .with_context(|| format!("cannot resolve {}", target.display()))?;
+    if let Ok(meta) = std::fs::symlink_metadata(link) {
+        let ours = meta.file_type().is_symlink()
+            && std::fs::read_link(link).is_ok_and(|old| old == target);
+        if !ours {
+            prepare_socket_path(link, true)?;
+        }
+    }
+    // A new link under a temporary name, renamed over the old one: never a moment without it.
+    let temporary = dir.join(format!(
+        ".{}.{}.tmp",
+        link.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&temporary);
+    std::os::unix::fs::symlink(&target, &temporary)
+        .and_then(|()| std::fs::rename(&temporary, link))
         .with_context(|| format!("cannot link {} to {}", link.display(), target.display()))?;
     Ok(link.to_owned())
 }
 
-/// Answers requests until the process exits.
+/// Answers requests on a thread of its own until the process exits.
 pub fn spawn(
     listener: UnixListener,
     cache: Arc<Cache>,
     cache_path: PathBuf,
     recorder: Option<Arc<Recorder>>,
-) {
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            if let Err(e) = answer(conn, &cache, &cache_path, recorder.as_deref()) {
-                tracing::debug!("control request failed: {e:#}");
+) -> Result<()> {
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                if let Err(e) = answer(conn, &cache, &cache_path, recorder.as_deref()) {
+                    tracing::debug!("control request failed: {e:#}");
+                }
             }
-        }
-    });
+        })
+        .context("cannot start the control socket's thread")?;
+    Ok(())
 }
 
 fn answer(

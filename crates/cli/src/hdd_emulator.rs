@@ -138,7 +138,7 @@ impl Export for DeviceExport {
 }
 
 pub fn run(args: HddEmulatorArgs) -> Result<()> {
-    args.model.check()?;
+    args.model.check().map_err(crate::as_usage_error)?;
     let file = open_device(&args.file, "emulated disk file", true, true)?;
     let params = args.model.params(file.size());
     let disk: Arc<dyn BlockDevice> = Arc::new(HddDevice::new(file.clone(), params));

@@ -12,12 +12,14 @@ mod serve;
 mod simulate;
 mod size;
 mod tuning;
+mod usage;
+pub use usage::{as_usage_error, error_text, usage_error, UsageError};
 mod writeback;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(
@@ -33,7 +35,12 @@ Typical use:\n  ssdcache create --cache /dev/nvme0n1p2 --backing /dev/sdb --mode
 ssdcache serve --cache /dev/nvme0n1p2 --socket /run/ssdcache/sdb.sock\n  \
 nbd-client -unix /run/ssdcache/sdb.sock /dev/nbd0     (or qemu, nbdfuse, nbdcopy...)\n  \
 ssdcache stats --cache /dev/nvme0n1p2\n\nSee docs/operations.md and docs/design.md.",
-    after_help = "Set RUST_LOG=debug for more log output. Exit status: 0 on success, 1 on error, 2 on bad usage."
+    after_help = "Set RUST_LOG=debug for more log output.\n\n\
+Exit status: 0 on success; 2 on bad usage: an unknown or missing flag, flags that conflict, a \
+value that cannot be right (a malformed size, an unknown policy or volume name, a directory where \
+a device or file is needed, the same device as cache and backing, a wrong setting in serve's \
+config file); 1 on every other error: a path that cannot be opened, a device error, or a state \
+that forbids the command (a cache holding dirty data, a device in use, a damaged superblock)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -77,9 +84,15 @@ given by --backing: two checksummed superblock copies recording the backing devi
 time), a metadata area and a data area of cache lines. Only the cache is written; the backing \
 device is opened read-only and never modified.\n\n\
 Refuses, and says what to do, when: the cache is smaller than 16 MiB or holds fewer than 64 lines; \
-the cache and the backing device are the same file or device; either is in use by a running \
-ssdcache; the cache already holds an ssdcache superblock (unless --force); a size is not a \
-multiple of 4096 bytes; a path cannot be opened."
+the cache and the backing device are the same file or device; a path is a directory or a \
+character device; either is in use by a running ssdcache; a size is not a multiple of 4096 bytes; \
+a path cannot be opened.\n\n\
+Over an existing cache: refused unless --force. A cache that holds dirty write-back data (data \
+written by clients that is on no other device) is refused even with --force, naming the volumes \
+and the amount; so is one that may hold some and cannot say how much (truncated, metadata \
+unreadable, both superblock copies damaged; the last is refused even without --force). Write the \
+data back first (`ssdcache flush`, or `ssdcache recover`), or destroy it knowingly with \
+--discard-dirty-data."
     )]
     Create(create::CreateArgs),
     /// Serve the volumes of a cache over NBD (foreground daemon)
@@ -87,8 +100,13 @@ multiple of 4096 bytes; a path cannot be opened."
         long_about = "Opens a cache and its backing devices, checks that each backing device is \
 the one recorded at create, and serves each volume as an NBD export named after the volume (the \
 empty export name reaches the first volume) on a Unix socket (mode 0600), and on TCP with --listen.\n\n\
-After a clean stop (SIGTERM or SIGINT: in-flight requests finish, the cache map is written, the \
-cache is marked clean) the next start is warm. After a crash or kill -9 the journal is replayed: \
+Sockets, addresses and volume names are checked before the cache is opened: a refused start \
+leaves the cache as it was (exit status 2 for bad usage, 1 for an error such as a socket in use).\n\n\
+After a clean stop (SIGTERM or SIGINT: in-flight requests get up to --shutdown-timeout to finish, \
+then every client socket is closed; a second signal does not wait; the cache map is written, the \
+cache is marked clean) the next start is warm. If a request is stuck in a device that does not \
+answer, the journal is committed instead of the map and serve exits 1; the next start replays it. \
+After a crash or kill -9 the journal is replayed: \
 dirty data (write-back) is recovered, clean cached data is dropped, and nothing stale is ever \
 served. A volume whose cache holds dirty data is never served in front of a missing or different \
 backing device.\n\n\
@@ -210,7 +228,9 @@ Example:\n  ssdcache advise --trace /var/tmp/sdb.trace --target-hit-ratio 0.9 --
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let subcommand = matches.subcommand_name().unwrap_or_default().to_owned();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if !matches!(cli.command, Command::Serve(_) | Command::HddEmulator(_)) {
         restore_default_sigpipe();
     }
@@ -239,8 +259,12 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ssdcache: error: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("ssdcache: error: {}", error_text(&e));
+            let status = usage::exit_status(&e);
+            if status == 2 {
+                eprintln!("For more information, try 'ssdcache {subcommand} --help'.");
+            }
+            ExitCode::from(status)
         }
     }
 }
@@ -267,5 +291,45 @@ fn restore_default_sigpipe() {
     // SAFETY: setting a signal disposition to SIG_DFL at start, before any other thread runs.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct WithSource(std::io::Error);
+
+    impl std::fmt::Display for WithSource {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cache device /dev/null: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for WithSource {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_shown_by_its_wrapper_is_not_repeated() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "failed to fill whole buffer",
+        );
+        let e = anyhow::Error::new(WithSource(io)).context("cannot read /dev/null");
+        assert_eq!(
+            error_text(&e),
+            "cannot read /dev/null: cache device /dev/null: failed to fill whole buffer"
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_found_in_the_chain() {
+        let e = as_usage_error(anyhow::anyhow!("--threads 0 is out of range"));
+        assert!(e.chain().any(|c| c.is::<UsageError>()));
+        assert_eq!(error_text(&e), "--threads 0 is out of range");
     }
 }

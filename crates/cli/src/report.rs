@@ -11,7 +11,7 @@ use ssdcache_format::{CacheState, Superblock, VolumeCounters};
 use ssdcache_sim::record::RecordStatus;
 
 use crate::control;
-use crate::devices::open_device;
+use crate::devices::read_cache;
 use crate::size::human;
 
 #[derive(Args)]
@@ -29,7 +29,8 @@ pub struct StatsArgs {
     /// Cache device or file (finds the daemon's control socket, or reads offline)
     #[arg(long, value_name = "PATH", required_unless_present = "control")]
     cache: Option<PathBuf>,
-    /// Control socket of a running daemon [default: derived from the cache's UUID]
+    /// Control socket of a running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Print JSON instead of text
@@ -129,37 +130,19 @@ pub fn live_stats(
     }
 }
 
-fn read_sb(path: &Path) -> Result<(std::sync::Arc<ssdcache_device::FileDevice>, Superblock)> {
-    let dev = open_device(path, "cache", false, false)?;
-    let sb = ssdcache_engine::read_superblock(&*dev)?;
-    Ok((dev, sb))
-}
-
 pub fn stats(args: StatsArgs) -> Result<()> {
-    let mut sb_dev = None;
-    let control_path = match (&args.control, &args.cache) {
-        (Some(c), _) => c.clone(),
-        (None, Some(cache)) => {
-            let (dev, sb) = read_sb(cache)?;
-            let p = control::default_path(&sb.cache_uuid);
-            sb_dev = Some((dev, sb));
-            p
-        }
-        (None, None) => anyhow::bail!("give --cache PATH or --control PATH"),
-    };
-    let report: StatsReport = match control::query(&control_path, "stats")? {
-        Some(v) => serde_json::from_value(v).context("daemon sent stats in an unknown shape")?,
-        None => {
-            let Some((dev, sb)) = sb_dev else {
-                anyhow::bail!(
-                    "no daemon answers on {}; give --cache PATH for offline stats",
-                    control_path.display()
-                );
-            };
-            let vols = ssdcache_engine::offline_stats(&*dev, &sb)?;
-            let cache = args.cache.clone().unwrap_or_default();
-            stats_report("offline", &sb, &cache, &vols)
-        }
+    let report = match (&args.control, &args.cache) {
+        (Some(ctl), _) => live_stats_from(ctl)?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no daemon answers on control socket {} (given with --control): start `ssdcache \
+                 serve --control {}`, or leave --control out: `ssdcache stats --cache PATH` finds \
+                 the daemon serving the cache, or reads the statistics saved at its last stop",
+                ctl.display(),
+                ctl.display()
+            )
+        })?,
+        (None, Some(cache)) => stats_of_cache(cache)?,
+        (None, None) => return Err(crate::usage_error("give --cache PATH or --control PATH")),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -167,6 +150,26 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         print_stats(&report);
     }
     Ok(())
+}
+
+fn live_stats_from(control_path: &Path) -> Result<Option<StatsReport>> {
+    control::query(control_path, "stats")?
+        .map(|v| serde_json::from_value(v).context("daemon sent stats in an unknown shape"))
+        .transpose()
+}
+
+/// Live from the daemon serving the cache (found by the cache's UUID), else offline.
+fn stats_of_cache(cache: &Path) -> Result<StatsReport> {
+    let (dev, read) = read_cache(cache)?;
+    if let Some(damaged) = &read.damaged {
+        tracing::warn!("cache {}: {}", cache.display(), damaged.warning());
+    }
+    let sb = read.superblock;
+    if let Some(live) = live_stats_from(&control::default_path(&sb.cache_uuid))? {
+        return Ok(live);
+    }
+    let vols = ssdcache_engine::offline_stats(&*dev, &sb)?;
+    Ok(stats_report("offline", &sb, cache, &vols))
 }
 
 fn print_stats(r: &StatsReport) {
@@ -300,6 +303,9 @@ pub struct InfoReport {
     /// What the running daemon recovered from the journal at its start, if it started after
     /// an unclean stop.
     pub recovered: Option<Recovered>,
+    /// Set when one superblock copy is damaged: which, why, and that it gets rewritten.
+    #[serde(default)]
+    pub superblock_warning: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -392,12 +398,14 @@ pub fn info_report(sb: &Superblock, cache_path: &Path) -> InfoReport {
             })
             .collect(),
         recovered: None,
+        superblock_warning: None,
     }
 }
 
 pub fn info(args: InfoArgs) -> Result<()> {
-    let (dev, mut sb) = read_sb(&args.cache)?;
-    let r = match control::query(&control::default_path(&sb.cache_uuid), "info")? {
+    let (dev, read) = read_cache(&args.cache)?;
+    let mut sb = read.superblock;
+    let mut r: InfoReport = match control::query(&control::default_path(&sb.cache_uuid), "info")? {
         Some(v) => serde_json::from_value(v).context("daemon sent info in an unknown shape")?,
         None => {
             // The superblock's dirty totals are from the last clean stop; the metadata (the
@@ -411,6 +419,7 @@ pub fn info(args: InfoArgs) -> Result<()> {
             info_report(&sb, &args.cache)
         }
     };
+    r.superblock_warning = read.damaged.map(|d| d.warning());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -420,6 +429,9 @@ pub fn info(args: InfoArgs) -> Result<()> {
         "format      version {}, sequence {}, state {}",
         r.format_version, r.sequence, r.state
     );
+    if let Some(warning) = &r.superblock_warning {
+        println!("WARNING     {warning}");
+    }
     println!(
         "size        {} = {} lines of {} + {} metadata/journal",
         human(r.cache_size),

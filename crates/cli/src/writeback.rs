@@ -15,7 +15,7 @@ use ssdcache_engine::{Cache, CleanerConfig, OpenReport};
 use ssdcache_format::{CacheMode, Superblock};
 
 use crate::control;
-use crate::devices::open_device;
+use crate::devices::{open_device, read_cache};
 use crate::size::human;
 use crate::ModeArg;
 
@@ -24,7 +24,8 @@ pub struct FlushArgs {
     /// Cache device or file
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
-    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    /// Control socket of the running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Where a volume's backing device is now, when flushing offline (repeatable)
@@ -89,7 +90,8 @@ pub struct SetModeArgs {
     /// Volume to change [default: the cache's first volume]
     #[arg(long, value_name = "NAME")]
     volume: Option<String>,
-    /// Control socket of the running daemon [default: derived from the cache's UUID]
+    /// Control socket of the running daemon; given, it must answer (no offline fallback)
+    /// [default: derived from the cache's UUID]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
 }
@@ -169,15 +171,68 @@ impl Progress {
     }
 }
 
+/// The superblock, to find the daemon (a damaged copy is reported when the cache is opened).
 fn read_sb(path: &Path) -> Result<Superblock> {
-    let dev = open_device(path, "cache", false, false)?;
-    Ok(ssdcache_engine::read_superblock(&*dev)?)
+    Ok(read_cache(path)?.1.superblock)
 }
 
-fn daemon_path(sb: &Superblock, given: &Option<PathBuf>) -> PathBuf {
-    given
+/// Asks the daemon: the one at --control if given (which must answer), else the one serving
+/// the cache, if any (`None`: no daemon serves it).
+fn ask_daemon(
+    sb: &Superblock,
+    given: &Option<PathBuf>,
+    request: &str,
+) -> Result<Option<(PathBuf, serde_json::Value)>> {
+    let path = given
         .clone()
-        .unwrap_or_else(|| control::default_path(&sb.cache_uuid))
+        .unwrap_or_else(|| control::default_path(&sb.cache_uuid));
+    match control::query(&path, request)? {
+        Some(answer) => Ok(Some((path, answer))),
+        None if given.is_some() => bail!(
+            "no daemon answers on control socket {} (given with --control); start the daemon, \
+             or leave --control out to use the daemon serving the cache, or the cache offline \
+             when none does",
+            path.display()
+        ),
+        None => Ok(None),
+    }
+}
+
+/// Refuses a `--backing NAME=PATH` for a volume the cache does not have (a typo would
+/// otherwise be ignored and the recorded path used).
+fn check_backing_names(sb: &Superblock, overrides: &[(String, PathBuf)]) -> Result<()> {
+    for (name, path) in overrides {
+        if sb.volume_by_name(name).is_none() {
+            let known: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
+            return Err(crate::usage_error(format!(
+                "--backing {name}={}: the cache has no volume '{name}' (its volumes: {})",
+                path.display(),
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The index of the volume named by --volume (default: the first), refusing an unknown name.
+fn volume_index(sb: &Superblock, given: Option<&str>) -> Result<usize> {
+    let Some(name) = given else {
+        return if sb.volumes.is_empty() {
+            bail!("the cache has no volume")
+        } else {
+            Ok(0)
+        };
+    };
+    sb.volumes
+        .iter()
+        .position(|v| v.name == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
+            crate::usage_error(format!(
+                "--volume {name}: the cache has no volume '{name}' (its volumes: {})",
+                known.join(", ")
+            ))
+        })
 }
 
 fn dirty_of(stats: &serde_json::Value) -> u64 {
@@ -195,6 +250,7 @@ fn open_offline(
     let dev = open_device(cache_path, "cache", true, true)?;
     let sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", cache_path.display()))?;
+    check_backing_names(&sb, overrides)?;
     let overrides = overrides.iter().cloned().collect();
     let dirty = |i: usize| {
         crate::serve::dirty_per_volume(&*dev, &sb)
@@ -284,15 +340,15 @@ fn interrupted(left: u64, again: &str) -> anyhow::Error {
 
 pub fn flush(args: FlushArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
-    let ctl = daemon_path(&sb, &args.control);
-    if args.discard_damaged && control::query(&ctl, "info")?.is_some() {
+    check_backing_names(&sb, &args.backing)?;
+    if args.discard_damaged && ask_daemon(&sb, &args.control, "info")?.is_some() {
         bail!(
             "--discard-damaged works on a stopped cache: stop the daemon serving {} (SIGTERM), \
              then run `ssdcache flush --discard-damaged` again",
             args.cache.display()
         );
     }
-    if let Some(first) = control::query(&ctl, "flush")? {
+    if let Some((ctl, first)) = ask_daemon(&sb, &args.control, "flush")? {
         return flush_online(&ctl, dirty_of(&first));
     }
     let (cache, _) = open_offline(&args.cache, &args.backing)?;
@@ -351,7 +407,8 @@ fn flush_online(ctl: &Path, initial: u64) -> Result<()> {
 
 pub fn detach(args: DetachArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
-    if control::query(&daemon_path(&sb, &None), "info")?.is_some() {
+    check_backing_names(&sb, &args.backing)?;
+    if ask_daemon(&sb, &None, "info")?.is_some() {
         bail!(
             "a daemon is serving {}; stop it first (SIGTERM lets in-flight requests finish), then \
              run `ssdcache detach` again",
@@ -381,14 +438,7 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
     let dev = open_device(&args.cache, "cache", true, true)?;
     let sb = ssdcache_engine::read_superblock(&*dev)
         .with_context(|| format!("cannot use cache {}", args.cache.display()))?;
-    let target = match &args.volume {
-        Some(name) => sb
-            .volumes
-            .iter()
-            .position(|v| &v.name == name)
-            .ok_or_else(|| anyhow::anyhow!("the cache has no volume '{name}'"))?,
-        None => 0,
-    };
+    let target = volume_index(&sb, args.volume.as_deref())?;
     let mut backings = Vec::new();
     for (i, v) in sb.volumes.iter().enumerate() {
         if i != target {
@@ -452,23 +502,11 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
 
 pub fn set_mode(args: SetModeArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
-    let name = match &args.volume {
-        Some(n) => n.clone(),
-        None => sb
-            .volumes
-            .first()
-            .map(|v| v.name.clone())
-            .ok_or_else(|| anyhow::anyhow!("the cache has no volume"))?,
-    };
-    let index = sb
-        .volumes
-        .iter()
-        .position(|v| v.name == name)
-        .ok_or_else(|| anyhow::anyhow!("the cache has no volume '{name}'"))?;
+    let index = volume_index(&sb, args.volume.as_deref())?;
+    let name = sb.volumes[index].name.clone();
     let mode = args.mode.mode();
-    let ctl = daemon_path(&sb, &args.control);
     let request = format!("set-mode {name} {}", mode.name());
-    if let Some(first) = control::query(&ctl, &request)? {
+    if let Some((ctl, first)) = ask_daemon(&sb, &args.control, &request)? {
         if first["done"].as_bool() != Some(true) {
             flush_online(&ctl, dirty_of(&first))?;
             let last = control::query(&ctl, &request)?

@@ -6,11 +6,20 @@
 //! sees apart from what a power cut would leave, so a test can cut the power at any point
 //! ([`CrashDevice::crash`]), reopen the resulting image and check that recovery copes with
 //! every outcome the hardware allows — reproducibly, from a seed.
+//!
+//! Devices made by one [`CrashClock`] (a cache and its backing device) share a numbering of
+//! their writes, flushes, discards and zeroings. A test names op numbers before it runs; when
+//! the clock reaches one, the crash state of every device on the clock is captured at that
+//! instant ([`CrashState`]), so a power cut can be taken inside an operation of the code under
+//! test (a commit, a compaction, a superblock write), not only between its calls. The clock
+//! can also make chosen ops fail, keep a log of every op, call a hook before each device call
+//! (a test scheduler's yield point) and label each op with what the test was doing.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::{BlockDevice, SplitMix64, ALIGN};
 
@@ -23,7 +32,11 @@ use crate::{BlockDevice, SplitMix64, ALIGN};
 pub struct CrashDevice {
     name: String,
     size: u64,
-    state: Mutex<State>,
+    /// The state of every device on this device's clock (just this one for a device made
+    /// without a clock), under one lock so a capture sees all of them at one instant.
+    shared: Arc<Shared>,
+    /// This device's index in `shared`.
+    index: usize,
     fail_reads: AtomicBool,
     fail_writes: AtomicBool,
     fail_flushes: AtomicBool,
@@ -59,6 +72,16 @@ impl Image {
             chunks,
             len: bytes.len(),
         }
+    }
+
+    /// A zero-filled image, every chunk shared (no copy of `len` bytes is made).
+    fn zeroed(len: usize) -> Image {
+        let zero = Arc::new(vec![0u8; CHUNK]);
+        let mut chunks = vec![zero; len / CHUNK];
+        if !len.is_multiple_of(CHUNK) {
+            chunks.push(Arc::new(vec![0u8; len % CHUNK]));
+        }
+        Image { chunks, len }
     }
 
     fn to_vec(&self) -> Vec<u8> {
@@ -108,6 +131,7 @@ impl Image {
     }
 }
 
+/// One device's images.
 struct State {
     /// What reads see: every completed write applied.
     written: Image,
@@ -117,19 +141,49 @@ struct State {
     pending: Vec<PendingWrite>,
     /// Reads overlapping this byte range fail, to break one area (say a cache's data) only.
     fail_reads_in: Option<Range<u64>>,
+    /// Successful flushes to let through before one fails (once), if set.
+    fail_flush_after: Option<u32>,
+    /// False for a device without a volatile cache: every write is durable at once (no copy
+    /// of it is kept), which makes rewriting large areas cheap where no crash is taken.
+    volatile: bool,
+}
+
+impl State {
+    /// What survives a crash for certain.
+    fn durable(&self) -> &Image {
+        if self.volatile {
+            &self.durable
+        } else {
+            &self.written
+        }
+    }
+
+    fn new(image: Image) -> State {
+        State {
+            written: image.clone(),
+            durable: image,
+            pending: Vec::new(),
+            fail_reads_in: None,
+            fail_flush_after: None,
+            volatile: true,
+        }
+    }
 }
 
 /// One unflushed write. Offset and length were checked against the device size when it was
 /// accepted, so applying it to an image of that size cannot go out of bounds.
+#[derive(Clone)]
 struct PendingWrite {
     offset: u64,
     payload: Payload,
 }
 
 /// The data of a pending write; zeroes are kept as a length so that zeroing a large range
-/// does not hold a second copy of it in memory until the next flush.
+/// does not hold a second copy of it in memory until the next flush. Shared, so a captured
+/// crash state costs no copy of it.
+#[derive(Clone)]
 enum Payload {
-    Bytes(Vec<u8>),
+    Bytes(Arc<[u8]>),
     Zeroes(usize),
 }
 
@@ -169,14 +223,285 @@ impl PendingWrite {
     }
 }
 
+/// Which unflushed writes a materialized crash keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Each write kept, dropped or torn (a random subset of its 4 KiB sectors applied), chosen
+    /// by this seed.
+    Random(u64),
+    /// None: only what was flushed.
+    Nothing,
+    /// All of them, whole.
+    Everything,
+}
+
+/// The durable image and the unflushed writes of `state` as a power cut leaves them.
+fn materialize(durable: &Image, pending: &[PendingWrite], keep: Keep) -> Image {
+    let mut image = durable.clone();
+    let mut rng = SplitMix64(match keep {
+        Keep::Random(seed) => seed,
+        _ => 0,
+    });
+    for w in pending {
+        let choice = match keep {
+            Keep::Random(_) => rng.next_u64() % 3,
+            Keep::Everything => 0,
+            Keep::Nothing => 1,
+        };
+        match choice {
+            0 => w.apply(&mut image, 0..w.len()),
+            1 => {}
+            _ => {
+                for part in w.sectors() {
+                    if rng.next_u64() & 1 == 1 {
+                        w.apply(&mut image, part);
+                    }
+                }
+            }
+        }
+    }
+    image
+}
+
+/// What a device call was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    Write,
+    WriteZeroes,
+    Flush,
+    Discard,
+}
+
+/// One numbered device call, as the clock's log keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpRecord {
+    /// The op number (the first op of a clock is 1).
+    pub op: u64,
+    /// The device's index on its clock (the order the devices were made in).
+    pub device: usize,
+    pub kind: OpKind,
+    /// Bytes; 0 for a flush.
+    pub offset: u64,
+    pub len: u64,
+    /// True when the clock or a fail switch made it fail.
+    pub failed: bool,
+    /// What the test said it was doing (see [`CrashClock::set_labeler`]).
+    pub label: u8,
+}
+
+/// What a power cut at one instant leaves of every device on a clock, before the choice of
+/// which unflushed writes land: materialize a device with [`CrashState::device`].
+pub struct CrashState {
+    /// The op after which the power was cut (it took effect: a write is pending, a flush done).
+    pub op: u64,
+    devices: Vec<(Image, Vec<PendingWrite>)>,
+}
+
+impl CrashState {
+    /// Device `index` of the clock as the power cut leaves it, `keep` choosing what happens
+    /// to its unflushed writes. All of the new device is durable.
+    pub fn device(&self, index: usize, name: &str, keep: Keep) -> Option<CrashDevice> {
+        let (durable, pending) = self.devices.get(index)?;
+        Some(CrashDevice::from_chunks(
+            name,
+            materialize(durable, pending, keep),
+        ))
+    }
+
+    /// Like [`device`](Self::device), without a volatile cache: its writes are durable at
+    /// once, so it cannot be crashed again, and rewriting large areas of it costs no copies.
+    /// For checking what a cut left when no second cut is taken.
+    pub fn stable_device(&self, index: usize, name: &str, keep: Keep) -> Option<CrashDevice> {
+        let dev = self.device(index, name, keep)?;
+        dev.with_state(|s| {
+            s.volatile = false;
+            // Not kept: what is written is durable (see `State::durable`).
+            s.durable = Image {
+                chunks: Vec::new(),
+                len: s.written.len,
+            };
+        });
+        Some(dev)
+    }
+
+    /// Unflushed writes of device `index` at the instant of the cut.
+    pub fn pending_writes(&self, index: usize) -> usize {
+        self.devices.get(index).map_or(0, |(_, p)| p.len())
+    }
+}
+
+type Hook = Box<dyn Fn() + Send + Sync>;
+type Labeler = Box<dyn Fn() -> u8 + Send + Sync>;
+
+/// What the devices of one clock share.
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Called before every device call, outside any lock.
+    before_op: OnceLock<Hook>,
+    /// Labels each op in the log.
+    labeler: OnceLock<Labeler>,
+}
+
+struct Inner {
+    devices: Vec<State>,
+    /// Ops numbered so far.
+    ops: u64,
+    /// Op numbers after which to capture a crash state.
+    crash_at: BTreeSet<u64>,
+    captured: Vec<CrashState>,
+    /// Op numbers that fail with EIO, changing nothing.
+    fail_at: BTreeSet<u64>,
+    /// Every op so far, when logging is on (`None` = off).
+    log: Option<Vec<OpRecord>>,
+}
+
+impl Shared {
+    fn new(devices: Vec<State>) -> Arc<Shared> {
+        Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                devices,
+                ops: 0,
+                crash_at: BTreeSet::new(),
+                captured: Vec::new(),
+                fail_at: BTreeSet::new(),
+                log: None,
+            }),
+            before_op: OnceLock::new(),
+            labeler: OnceLock::new(),
+        })
+    }
+
+    /// The state, even when another thread panicked while holding the lock: every change to
+    /// it is made after all checks, by steps that cannot panic, so it is never left half
+    /// changed, and a test that panicked on one thread should not make the others' errors
+    /// about a lock instead of about what they test.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn before_op(&self) {
+        if let Some(hook) = self.before_op.get() {
+            hook();
+        }
+    }
+}
+
+/// Numbers the writes, flushes, discards and zeroings of the devices it makes, captures the
+/// crash state of all of them after chosen ops, and fails chosen ops. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct CrashClock {
+    shared: Arc<Shared>,
+}
+
+impl Default for CrashClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CrashClock {
+    pub fn new() -> CrashClock {
+        CrashClock {
+            shared: Shared::new(Vec::new()),
+        }
+    }
+
+    /// A zero-filled device of `size` bytes on this clock, all of it durable; its index is
+    /// the number of devices made before it.
+    pub fn device(&self, name: &str, size: u64) -> CrashDevice {
+        let mut inner = self.shared.lock();
+        inner.devices.push(State::new(Image::zeroed(size as usize)));
+        let index = inner.devices.len() - 1;
+        drop(inner);
+        CrashDevice::on(name, size, self.shared.clone(), index)
+    }
+
+    /// Device `index` of `state` as a power cut left it (`keep` choosing what happens to its
+    /// unflushed writes), as a new device on this clock: to cut the power again during the
+    /// recovery from the first cut.
+    pub fn restore(
+        &self,
+        state: &CrashState,
+        index: usize,
+        name: &str,
+        keep: Keep,
+    ) -> Option<CrashDevice> {
+        let (durable, pending) = state.devices.get(index)?;
+        let image = materialize(durable, pending, keep);
+        let size = image.len as u64;
+        let mut inner = self.shared.lock();
+        inner.devices.push(State::new(image));
+        let index = inner.devices.len() - 1;
+        drop(inner);
+        Some(CrashDevice::on(name, size, self.shared.clone(), index))
+    }
+
+    /// Captures the crash state of every device right after each of these ops.
+    pub fn crash_at(&self, ops: impl IntoIterator<Item = u64>) {
+        self.shared.lock().crash_at.extend(ops);
+    }
+
+    /// Makes each of these ops fail with EIO, changing nothing (one-shot: the op number).
+    pub fn fail_at(&self, ops: impl IntoIterator<Item = u64>) {
+        self.shared.lock().fail_at.extend(ops);
+    }
+
+    /// Ops numbered so far.
+    pub fn ops(&self) -> u64 {
+        self.shared.lock().ops
+    }
+
+    /// The crash states captured so far, in op order, leaving none behind.
+    pub fn take_captured(&self) -> Vec<CrashState> {
+        std::mem::take(&mut self.shared.lock().captured)
+    }
+
+    /// Starts keeping a log of every op (one small record each, until `take_log`).
+    pub fn keep_log(&self) {
+        let mut inner = self.shared.lock();
+        if inner.log.is_none() {
+            inner.log = Some(Vec::new());
+        }
+    }
+
+    /// The ops logged so far, leaving the log empty (and on).
+    pub fn take_log(&self) -> Vec<OpRecord> {
+        self.shared
+            .lock()
+            .log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Calls `hook` before every device call (reads too), outside the clock's lock: a test
+    /// scheduler's yield point, so another thread can run while an I/O is "in flight". Set once.
+    pub fn set_before_op(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.shared.before_op.set(Box::new(hook)).is_ok()
+    }
+
+    /// Labels each logged op with what `labeler` returns then (say, what the calling thread
+    /// was doing). Set once.
+    pub fn set_labeler(&self, labeler: impl Fn() -> u8 + Send + Sync + 'static) -> bool {
+        self.shared.labeler.set(Box::new(labeler)).is_ok()
+    }
+}
+
 fn eio() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
+}
+
+/// What a numbered op does to its device once it is allowed to.
+enum Change {
+    Write(PendingWrite),
+    Flush,
+    Nothing,
 }
 
 impl CrashDevice {
     /// A zero-filled device of `size` bytes, all of it durable.
     pub fn new(name: &str, size: u64) -> CrashDevice {
-        Self::from_image(name, vec![0; size as usize])
+        Self::from_chunks(name, Image::zeroed(size as usize))
     }
 
     /// A device holding `image`, all of it durable: typically the result of
@@ -186,15 +511,16 @@ impl CrashDevice {
     }
 
     fn from_chunks(name: &str, image: Image) -> CrashDevice {
+        let size = image.len as u64;
+        Self::on(name, size, Shared::new(vec![State::new(image)]), 0)
+    }
+
+    fn on(name: &str, size: u64, shared: Arc<Shared>, index: usize) -> CrashDevice {
         CrashDevice {
             name: name.to_owned(),
-            size: image.len as u64,
-            state: Mutex::new(State {
-                written: image.clone(),
-                durable: image,
-                pending: Vec::new(),
-                fail_reads_in: None,
-            }),
+            size,
+            shared,
+            index,
             fail_reads: AtomicBool::new(false),
             fail_writes: AtomicBool::new(false),
             fail_flushes: AtomicBool::new(false),
@@ -218,10 +544,16 @@ impl CrashDevice {
         self.fail_flushes.store(fail, Ordering::SeqCst);
     }
 
+    /// Lets `successes` more flushes through, then fails the next one (once) with EIO,
+    /// leaving the pending writes pending: a flush failing in the middle of a sequence.
+    pub fn fail_flush_after(&self, successes: u32) {
+        self.with_state(|s| s.fail_flush_after = Some(successes));
+    }
+
     /// Makes reads that overlap `range` (bytes) fail with EIO; `None` lifts it. Lets a test
     /// break one area of the device, such as a cache's data, and keep its metadata readable.
     pub fn fail_reads_in(&self, range: Option<Range<u64>>) {
-        self.state().fail_reads_in = range;
+        self.with_state(|s| s.fail_reads_in = range);
     }
 
     /// The image after a power cut now: the durable image, then each write since the last
@@ -229,48 +561,37 @@ impl CrashDevice {
     /// applied). The same seed and the same history give the same image. The device itself is
     /// not changed; open the result with [`from_image`](Self::from_image).
     pub fn crash(&self, rng_seed: u64) -> Vec<u8> {
-        self.crash_image(rng_seed).to_vec()
+        self.crash_image(Keep::Random(rng_seed)).to_vec()
     }
 
     /// Like [`crash`](Self::crash), as a new device holding the result (cheap: unchanged
     /// chunks are shared, not copied).
     pub fn crashed(&self, name: &str, rng_seed: u64) -> CrashDevice {
-        Self::from_chunks(name, self.crash_image(rng_seed))
+        self.crashed_keeping(name, Keep::Random(rng_seed))
     }
 
-    fn crash_image(&self, rng_seed: u64) -> Image {
-        let state = self.state();
-        let mut rng = SplitMix64(rng_seed);
-        let mut image = state.durable.clone();
-        for w in &state.pending {
-            match rng.next_u64() % 3 {
-                0 => w.apply(&mut image, 0..w.len()),
-                1 => {}
-                _ => {
-                    for part in w.sectors() {
-                        if rng.next_u64() & 1 == 1 {
-                            w.apply(&mut image, part);
-                        }
-                    }
-                }
-            }
-        }
-        image
+    /// Like [`crashed`](Self::crashed), with the unflushed writes kept as `keep` says.
+    pub fn crashed_keeping(&self, name: &str, keep: Keep) -> CrashDevice {
+        Self::from_chunks(name, self.crash_image(keep))
+    }
+
+    fn crash_image(&self, keep: Keep) -> Image {
+        self.with_state(|s| materialize(s.durable(), &s.pending, keep))
     }
 
     /// How many writes a crash could lose now (completed since the last flush).
     pub fn pending_writes(&self) -> usize {
-        self.state().pending.len()
+        self.with_state(|s| s.pending.len())
     }
 
     /// A copy of what is certain to survive a crash.
     pub fn durable_image(&self) -> Vec<u8> {
-        self.state().durable.to_vec()
+        self.with_state(|s| s.durable().to_vec())
     }
 
     /// A copy of what reads see.
     pub fn written_image(&self) -> Vec<u8> {
-        self.state().written.to_vec()
+        self.with_state(|s| s.written.to_vec())
     }
 
     /// Successful flushes so far.
@@ -283,12 +604,8 @@ impl CrashDevice {
         self.writes.load(Ordering::SeqCst)
     }
 
-    /// The state, even when another thread panicked while holding the lock: every change to
-    /// it is made after all checks, by steps that cannot panic, so it is never left half
-    /// changed, and a test that panicked on one thread should not make the others' errors
-    /// about a lock instead of about what they test.
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.shared.lock().devices[self.index])
     }
 
     /// `offset..offset + len` as indices into the images, or InvalidInput when it does not
@@ -306,16 +623,83 @@ impl CrashDevice {
         }
     }
 
-    /// Records a write that passed every check: reads see it now, a crash may lose it.
-    fn push_write(&self, offset: u64, payload: Payload) {
-        let mut state = self.state();
-        let w = PendingWrite { offset, payload };
-        if w.len() > 0 {
-            let len = w.len();
-            w.apply(&mut state.written, 0..len);
-            state.pending.push(w);
+    /// Numbers an op that passed its checks and, unless the clock or a switch fails it,
+    /// applies `change`; logs it and captures the crash states the clock asks for after it.
+    /// All under the clock's lock: no other device of the clock changes meanwhile.
+    fn numbered(&self, kind: OpKind, offset: u64, len: u64, change: Change) -> io::Result<()> {
+        let label = self.shared.labeler.get().map_or(0, |l| l());
+        let mut guard = self.shared.lock();
+        let inner = &mut *guard;
+        inner.ops += 1;
+        let op = inner.ops;
+        let state = &mut inner.devices[self.index];
+        let switched_off = match change {
+            Change::Write(_) => self.fail_writes.load(Ordering::SeqCst),
+            Change::Flush => {
+                let countdown = match state.fail_flush_after {
+                    Some(0) => {
+                        state.fail_flush_after = None;
+                        true
+                    }
+                    Some(n) => {
+                        state.fail_flush_after = Some(n - 1);
+                        false
+                    }
+                    None => false,
+                };
+                countdown || self.fail_flushes.load(Ordering::SeqCst)
+            }
+            Change::Nothing => false,
+        };
+        let failed = inner.fail_at.remove(&op) || switched_off;
+        if !failed {
+            match change {
+                Change::Write(w) => {
+                    if w.len() > 0 {
+                        let len = w.len();
+                        w.apply(&mut state.written, 0..len);
+                        if state.volatile {
+                            state.pending.push(w);
+                        }
+                    }
+                    self.writes.fetch_add(1, Ordering::SeqCst);
+                }
+                Change::Flush => {
+                    let State {
+                        durable, pending, ..
+                    } = state;
+                    for w in pending.drain(..) {
+                        w.apply(durable, 0..w.len());
+                    }
+                    self.flushes.fetch_add(1, Ordering::SeqCst);
+                }
+                Change::Nothing => {}
+            }
         }
-        self.writes.fetch_add(1, Ordering::SeqCst);
+        if let Some(log) = &mut inner.log {
+            log.push(OpRecord {
+                op,
+                device: self.index,
+                kind,
+                offset,
+                len,
+                failed,
+                label,
+            });
+        }
+        if inner.crash_at.remove(&op) {
+            let devices = inner
+                .devices
+                .iter()
+                .map(|d| (d.durable().clone(), d.pending.clone()))
+                .collect();
+            inner.captured.push(CrashState { op, devices });
+        }
+        if failed {
+            Err(eio())
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -325,60 +709,56 @@ impl BlockDevice for CrashDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.shared.before_op();
         if self.fail_reads.load(Ordering::SeqCst) {
             return Err(eio());
         }
         let r = self.range(offset, buf.len() as u64)?;
-        let state = self.state();
-        if let Some(bad) = &state.fail_reads_in {
-            let end = offset + buf.len() as u64;
-            if offset < bad.end && bad.start < end {
-                return Err(eio());
+        self.with_state(|state| {
+            if let Some(bad) = &state.fail_reads_in {
+                let end = offset + buf.len() as u64;
+                if offset < bad.end && bad.start < end {
+                    return Err(eio());
+                }
             }
-        }
-        state.written.read(r.start, buf);
-        Ok(())
+            state.written.read(r.start, buf);
+            Ok(())
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.fail_writes.load(Ordering::SeqCst) {
-            return Err(eio());
-        }
+        self.shared.before_op();
         self.range(offset, buf.len() as u64)?;
-        self.push_write(offset, Payload::Bytes(buf.to_vec()));
-        Ok(())
+        let w = PendingWrite {
+            offset,
+            payload: Payload::Bytes(buf.into()),
+        };
+        self.numbered(OpKind::Write, offset, buf.len() as u64, Change::Write(w))
     }
 
     fn flush(&self) -> io::Result<()> {
-        if self.fail_flushes.load(Ordering::SeqCst) {
-            return Err(eio());
-        }
-        let mut state = self.state();
-        let State {
-            durable, pending, ..
-        } = &mut *state;
-        for w in pending.drain(..) {
-            w.apply(durable, 0..w.len());
-        }
-        self.flushes.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        self.shared.before_op();
+        self.numbered(OpKind::Flush, 0, 0, Change::Flush)
     }
 
     /// Checks the range and does nothing else: `Ok(false)` says the device cannot discard,
     /// which callers must accept anyway, and leaves the data for tests to see.
     fn discard(&self, offset: u64, len: u64) -> io::Result<bool> {
+        self.shared.before_op();
         self.range(offset, len)?;
+        self.numbered(OpKind::Discard, offset, len, Change::Nothing)?;
         Ok(false)
     }
 
     /// An ordinary write of zeroes, pending until a flush like any other.
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        if self.fail_writes.load(Ordering::SeqCst) {
-            return Err(eio());
-        }
+        self.shared.before_op();
         let r = self.range(offset, len)?;
-        self.push_write(offset, Payload::Zeroes(r.len()));
-        Ok(())
+        let w = PendingWrite {
+            offset,
+            payload: Payload::Zeroes(r.len()),
+        };
+        self.numbered(OpKind::WriteZeroes, offset, len, Change::Write(w))
     }
 
     fn describe(&self) -> String {
@@ -645,5 +1025,141 @@ mod tests {
         // Empty accesses at the very end are fine.
         assert!(dev.read_at(&mut [], MIB).is_ok());
         assert!(dev.write_at(&[], MIB).is_ok());
+    }
+
+    #[test]
+    fn a_clock_numbers_ops_across_its_devices_and_captures_both_at_one_instant() -> io::Result<()> {
+        let clock = CrashClock::new();
+        let a = clock.device("a", MIB);
+        let b = clock.device("b", MIB);
+        clock.keep_log();
+        // Ops: 1 a.write, 2 b.write, 3 a.flush, 4 b.write_zeroes, 5 b.discard.
+        clock.crash_at([2, 3, 5]);
+        a.write_at(&[1; SECTOR], 0)?;
+        b.write_at(&[2; SECTOR], 0)?;
+        a.flush()?;
+        b.write_zeroes(0, SECTOR as u64)?;
+        assert!(!b.discard(0, SECTOR as u64)?);
+        let mut buf = [9u8; SECTOR];
+        b.read_at(&mut buf, 0)?; // reads are not numbered
+        assert_eq!(clock.ops(), 5);
+        let log = clock.take_log();
+        let kinds: Vec<(u64, usize, OpKind)> =
+            log.iter().map(|r| (r.op, r.device, r.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (1, 0, OpKind::Write),
+                (2, 1, OpKind::Write),
+                (3, 0, OpKind::Flush),
+                (4, 1, OpKind::WriteZeroes),
+                (5, 1, OpKind::Discard)
+            ]
+        );
+        let captured = clock.take_captured();
+        assert_eq!(captured.iter().map(|c| c.op).collect::<Vec<_>>(), [2, 3, 5]);
+        let at2 = &captured[0];
+        assert_eq!((at2.pending_writes(0), at2.pending_writes(1)), (1, 1));
+        let first = |c: &CrashState, i: usize, keep: Keep| -> io::Result<u8> {
+            let dev = c.device(i, "x", keep).expect("device");
+            let mut buf = [0u8; 1];
+            dev.read_at(&mut buf, 0)?;
+            Ok(buf[0])
+        };
+        // At op 2 nothing is durable: a's write may be lost, b's too.
+        assert_eq!(first(at2, 0, Keep::Nothing)?, 0);
+        assert_eq!(first(at2, 0, Keep::Everything)?, 1);
+        assert_eq!(first(at2, 1, Keep::Everything)?, 2);
+        // After a's flush (op 3) a's write is durable whatever is kept; b's is not.
+        assert_eq!(first(&captured[1], 0, Keep::Nothing)?, 1);
+        assert_eq!(first(&captured[1], 1, Keep::Nothing)?, 0);
+        // At op 5 b has two pending writes; keeping both ends in zeroes.
+        assert_eq!(captured[2].pending_writes(1), 2);
+        assert_eq!(first(&captured[2], 1, Keep::Everything)?, 0);
+        assert!(captured[0].device(2, "none", Keep::Nothing).is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_clock_fails_the_ops_it_is_told_to_and_labels_the_log() -> io::Result<()> {
+        let clock = CrashClock::new();
+        let dev = clock.device("d", MIB);
+        clock.keep_log();
+        let label = Arc::new(AtomicU64::new(7));
+        let l = label.clone();
+        assert!(clock.set_labeler(move || l.load(Ordering::SeqCst) as u8));
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        assert!(clock.set_before_op(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        }));
+        clock.fail_at([2, 3]);
+        dev.write_at(&[1; SECTOR], 0)?;
+        label.store(9, Ordering::SeqCst);
+        let e = dev.write_at(&[2; SECTOR], 0).err();
+        assert_eq!(e.and_then(|e| e.raw_os_error()), Some(libc::EIO));
+        assert!(dev.flush().is_err());
+        dev.flush()?;
+        let mut buf = [0u8; SECTOR];
+        dev.read_at(&mut buf, 0)?;
+        assert_eq!(buf, [1; SECTOR], "the failed write changed nothing");
+        assert_eq!(calls.load(Ordering::SeqCst), 5, "4 ops and a read");
+        let log = clock.take_log();
+        let seen: Vec<(bool, u8)> = log.iter().map(|r| (r.failed, r.label)).collect();
+        assert_eq!(seen, [(false, 7), (true, 9), (true, 9), (false, 9)]);
+        assert_eq!((dev.write_count(), dev.flush_count()), (1, 1));
+        Ok(())
+    }
+
+    #[test]
+    fn fail_flush_after_fails_exactly_one_later_flush() -> io::Result<()> {
+        let dev = CrashDevice::new("crash", MIB);
+        dev.write_at(&[1; SECTOR], 0)?;
+        dev.fail_flush_after(1);
+        dev.flush()?;
+        dev.write_at(&[2; SECTOR], 0)?;
+        assert!(dev.flush().is_err());
+        assert_eq!(dev.pending_writes(), 1);
+        dev.flush()?;
+        assert_eq!((dev.pending_writes(), dev.flush_count()), (0, 2));
+        Ok(())
+    }
+
+    #[test]
+    fn crashed_keeping_nothing_or_everything() -> io::Result<()> {
+        let dev = CrashDevice::new("crash", MIB);
+        dev.write_at(&[1; SECTOR], 0)?;
+        dev.flush()?;
+        dev.write_at(&[2; SECTOR], 0)?;
+        dev.write_zeroes(SECTOR as u64, SECTOR as u64)?;
+        assert_eq!(
+            dev.crashed_keeping("n", Keep::Nothing).written_image(),
+            dev.durable_image()
+        );
+        assert_eq!(
+            dev.crashed_keeping("e", Keep::Everything).written_image(),
+            dev.written_image()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_stable_device_keeps_every_write() -> io::Result<()> {
+        let clock = CrashClock::new();
+        let dev = clock.device("d", MIB);
+        dev.write_at(&[1; SECTOR], 0)?;
+        clock.crash_at([2]);
+        dev.write_at(&[2; SECTOR], SECTOR as u64)?;
+        let state = clock.take_captured().pop().expect("captured");
+        let stable = state.stable_device(0, "s", Keep::Nothing).expect("device");
+        assert!(
+            stable.written_image().iter().all(|&b| b == 0),
+            "nothing kept"
+        );
+        stable.write_at(&[3; SECTOR], 0)?;
+        assert_eq!(stable.pending_writes(), 0);
+        assert_eq!(stable.durable_image(), stable.written_image());
+        assert_eq!(stable.crash(7)[..SECTOR], [3; SECTOR]);
+        Ok(())
     }
 }

@@ -4,6 +4,7 @@
 mod aligned;
 mod crash;
 mod file;
+mod gate;
 pub mod hdd;
 pub mod identity;
 mod memory;
@@ -11,8 +12,9 @@ mod recording;
 mod rng;
 
 pub use aligned::AlignedBuf;
-pub use crash::CrashDevice;
+pub use crash::{CrashClock, CrashDevice, CrashState, Keep, OpKind, OpRecord};
 pub use file::{FileDevice, OpenOptions};
+pub use gate::{GateDevice, GATE_LIMIT};
 pub use memory::MemDevice;
 pub use recording::{Op, RecordingDevice, SharedOpLog};
 pub use rng::SplitMix64;
@@ -39,8 +41,11 @@ pub trait BlockDevice: Send + Sync {
 }
 
 /// Writes zeroes with ordinary writes, 1 MiB at a time, for devices with no cheaper way.
+/// Every caller writes from one shared, never-written buffer: a request does not hold 1 MiB
+/// of its own outside the server's request-memory limit.
 pub fn write_zeroes_by_writing(dev: &dyn BlockDevice, offset: u64, len: u64) -> io::Result<()> {
-    let chunk = AlignedBuf::zeroed(1 << 20);
+    static ZEROES: std::sync::OnceLock<AlignedBuf> = std::sync::OnceLock::new();
+    let chunk = ZEROES.get_or_init(|| AlignedBuf::zeroed(1 << 20));
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(chunk.len() as u64) as usize;

@@ -1,24 +1,25 @@
 //! A cache device with its volumes: open (load the checkpoint or start cold), serve through
 //! [`Volume`]s, and shut down (write the checkpoint, mark clean).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
-use ssdcache_format::layout::SUPERBLOCK_COPY_SIZE;
 use ssdcache_format::{
     sector_crc, BackingIdentity, CacheMode, CacheState, Layout, LineRecord, MetaPage, Superblock,
     VolumeCounters, VolumeSlot, FORMAT_VERSION, SECTOR_SIZE,
 };
 
 use crate::admission::Admission;
-use crate::commit::{self, flush_cache, Backing, CommitKind, Journal, JournalState};
+use crate::commit::{self, flush_cache, Backing, CommitKind, CommitPurpose, Journal, JournalState};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
 use crate::map::{Invariant, MapState};
 use crate::policy;
+use crate::superblock::write_superblock;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use crate::volume::Volume;
 
 /// Metadata pages are read and written this many at a time (1 MiB).
@@ -135,6 +136,11 @@ impl CacheCore {
         Mismatch::Damaged
     }
 
+    /// Returns once no commit is running (commits hold the journal for their whole length).
+    pub fn wait_for_commit_in_flight(&self) {
+        drop(self.journal.lock());
+    }
+
     /// Makes every write that returned from a backing device before this call durable.
     pub fn flush_backings(&self) -> Result<()> {
         for backing in &self.backings {
@@ -151,9 +157,28 @@ impl CacheCore {
     /// flushed, the cache device is flushed, and the records are written to the journal and
     /// flushed. When the journal is nearly full, or after a failed commit, the commit starts a
     /// fresh generation holding every dirty record instead (a compaction).
-    pub fn commit(&self) -> Result<()> {
+    pub fn commit(&self, purpose: CommitPurpose) -> Result<()> {
         self.check_running()?;
         let mut journal = self.journal.lock();
+        // Checked under the journal lock: a FLUSH that waited behind a commit which failed
+        // must see that failure (the data that commit's flush covered may be lost).
+        let refuse = purpose == CommitPurpose::Durability
+            && self.journal.failed()
+            && self.map().total_dirty_lines() > 0;
+        if refuse {
+            return Err(self.cache_err(std::io::Error::other(
+                "an earlier metadata commit failed; dirty data in the cache may not be durable \
+                 until it is written back",
+            )));
+        }
+        if let Some(next) = journal.unconfirmed() {
+            // Its blocks are whole and flushed; name it again before anything else is written.
+            if let Err(e) = self.write_journal_start(next) {
+                self.journal.note_failure(&mut journal, &e);
+                return Err(e);
+            }
+            journal.adopt(next);
+        }
         let (records, kind) = {
             let mut map = self.map();
             let kind = journal.kind_for(map.changes_pending(), &self.layout);
@@ -168,6 +193,11 @@ impl CacheCore {
             Ok(()) => {
                 self.map()
                     .commit_done(&records, kind == CommitKind::FreshGeneration);
+                if purpose == CommitPurpose::Durability {
+                    // No dirty data of unknown durability was left when this commit began,
+                    // and everything since is durable now.
+                    self.journal.clear_failed();
+                }
                 Ok(())
             }
             Err(e) => {
@@ -196,26 +226,47 @@ impl CacheCore {
             CommitKind::Append => journal.append(&*self.dev, &self.layout, records),
             CommitKind::FreshGeneration => {
                 let next = journal.write_fresh_generation(&*self.dev, &self.layout, records)?;
-                self.write_journal_start(next)?;
+                if let Err(e) = self.write_journal_start(next) {
+                    // A copy naming `next` may have landed: keep both logs intact until a
+                    // superblock write lands (the next commit retries this one first).
+                    journal.leave_unconfirmed(next);
+                    return Err(e);
+                }
                 journal.adopt(next);
                 Ok(())
             }
         }
     }
 
-    /// Writes the superblock naming `next` as the live log. The in-memory superblock changes
-    /// only once both copies landed, so a failed write can never be repeated later by an
-    /// unrelated superblock write (which would name a log that was never completed).
+    /// Writes the superblock naming `next` as the live log.
     fn write_journal_start(&self, next: JournalPosition) -> Result<()> {
+        self.update_superblock(|sb| {
+            sb.journal_generation = next.generation;
+            sb.journal_start_seq = next.start_seq;
+            sb.journal_start_block = next.start_block;
+        })
+    }
+
+    /// Writes the superblock with `change` applied and the next sequence number. The in-memory
+    /// superblock takes the change only once both copies landed, so a failed write is never
+    /// repeated by a later, unrelated superblock write; but it keeps the sequence number the
+    /// failed write used, so no later write can reuse it (a copy of the failed write may have
+    /// landed, and two valid copies must never share a sequence number).
+    pub fn update_superblock(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
         let mut sb = self.sb().clone();
-        sb.journal_generation = next.generation;
-        sb.journal_start_seq = next.start_seq;
-        sb.journal_start_block = next.start_block;
+        change(&mut sb);
         sb.sequence += 1;
         sb.updated_unix = now_unix();
-        write_superblock(&*self.dev, &sb)?;
-        *self.sb() = sb;
-        Ok(())
+        match write_superblock(&*self.dev, &sb) {
+            Ok(()) => {
+                *self.sb() = sb;
+                Ok(())
+            }
+            Err(e) => {
+                self.sb().sequence = sb.sequence;
+                Err(e)
+            }
+        }
     }
 }
 
@@ -281,57 +332,26 @@ fn format_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Format(e.to_string())
 }
 
-/// Writes both superblock copies, each made durable before the next is touched, so a crash
-/// leaves at least one valid copy (the old or the new).
-pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
-    let bytes = sb.encode().map_err(format_err)?;
-    let mut buf = AlignedBuf::zeroed(bytes.len());
-    buf.copy_from_slice(&bytes);
-    let io = |e| EngineError::CacheDevice {
-        device: dev.describe(),
-        source: e,
-    };
-    for copy in 0..2 {
-        dev.write_at(&buf, copy * SUPERBLOCK_COPY_SIZE)
-            .map_err(io)?;
-        dev.flush().map_err(io)?;
-    }
-    Ok(())
-}
-
-/// Reads the newest valid superblock copy.
-pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
-    let mut buf = AlignedBuf::zeroed(2 * SUPERBLOCK_COPY_SIZE as usize);
-    dev.read_at(&mut buf, 0)
-        .map_err(|e| EngineError::CacheDevice {
-            device: dev.describe(),
-            source: e,
-        })?;
-    let (a, b) = buf.split_at(SUPERBLOCK_COPY_SIZE as usize);
-    let sb = Superblock::choose(a, b).map_err(|e| {
-        EngineError::Format(format!(
-            "{}: no valid ssdcache superblock in either copy ({e}); if this is the right device, \
-             it is damaged: re-create the cache with `ssdcache create --force` (write-through and \
-             write-around caches hold no data the backing device lacks)",
-            dev.describe()
-        ))
-    })?;
-    if sb.layout.cache_size > dev.size() {
-        return Err(EngineError::Format(format!(
-            "{} is {} bytes but its superblock describes a cache of {} bytes: the device was \
-             truncated or is not the one that was formatted; restore it, or re-create the cache \
-             with `ssdcache create --force`",
-            dev.describe(),
-            dev.size(),
-            sb.layout.cache_size
-        )));
-    }
-    Ok(sb)
-}
-
 /// Formats `dev` as a cache holding one volume. Writes only the two superblocks.
 pub fn format(dev: &dyn BlockDevice, line_size: u64, volume: NewVolume) -> Result<Superblock> {
     let layout = Layout::compute(dev.size(), line_size).map_err(format_err)?;
+    format_layout(dev, layout, volume)
+}
+
+/// Like [`format`], with a journal of exactly `journal_blocks` 4 KiB blocks (at least two
+/// compactions and one block): for tests, which need compactions to run often.
+pub fn format_with_journal(
+    dev: &dyn BlockDevice,
+    line_size: u64,
+    journal_blocks: u64,
+    volume: NewVolume,
+) -> Result<Superblock> {
+    let layout =
+        Layout::with_journal_blocks(dev.size(), line_size, journal_blocks).map_err(format_err)?;
+    format_layout(dev, layout, volume)
+}
+
+fn format_layout(dev: &dyn BlockDevice, layout: Layout, volume: NewVolume) -> Result<Superblock> {
     if policy::by_id(volume.policy, 1).is_none() {
         return Err(format_err(format!(
             "unknown replacement policy id {}",
@@ -409,8 +429,13 @@ fn load_state(
     match (sb.state, sb.checkpoint_seq) {
         (CacheState::Running, _) => {
             let began = Instant::now();
-            let replayed = journal::replay(dev, &sb.layout, start)?;
-            apply_journal(sb, map, &replayed.records)?;
+            let replayed = journal::replay(dev, &sb.layout, start, &mut |slot, rec| {
+                apply_record(sb, map, slot, rec)
+            })?;
+            if replayed.commits == 0 {
+                return Err(journal_lost(dev, sb));
+            }
+            map.rebuild_free_list();
             let (lines, bytes) = dirty_totals(sb, map);
             let recovery = RecoveryReport {
                 dirty_lines: lines,
@@ -437,23 +462,33 @@ fn load_state(
     }
 }
 
-/// Applies replayed records in journal order; the last record of a slot wins, and a line
-/// recorded in a newer slot leaves its older one.
-fn apply_journal(sb: &Superblock, map: &mut MapState, records: &[(u32, LineRecord)]) -> Result<()> {
-    let mut last = std::collections::HashMap::new();
-    for (i, (slot, _)) in records.iter().enumerate() {
-        last.insert(*slot, i);
+/// Every journal generation starts with a commit written before the superblock that names it;
+/// a running cache whose log has none lost its journal region.
+fn journal_lost(dev: &dyn BlockDevice, sb: &Superblock) -> EngineError {
+    format_err(format!(
+        "{}: the cache stopped uncleanly, but its journal has no commit where the superblock \
+         says the log starts (generation {:#x}, block {}): the journal region was lost or \
+         overwritten (was the cache file truncated or written by something else?). The dirty \
+         data it recorded cannot be found, and the backing device may lack recent writes. \
+         Nothing was changed. Keep the device as it is if you want to try to save data; to \
+         start over without that data, `ssdcache create --discard-dirty-data`",
+        dev.describe(),
+        sb.journal_generation,
+        sb.journal_start_block
+    ))
+}
+
+/// Applies one replayed record (records come in journal order): it replaces whatever its slot
+/// held, and a line recorded in a newer slot leaves its older one, so the last record of each
+/// slot wins. Only dirty data is restored (clean lines are dropped after a crash).
+fn apply_record(sb: &Superblock, map: &mut MapState, slot: u32, rec: &LineRecord) -> Result<()> {
+    map.forget_slot(slot).map_err(metadata_inconsistent)?;
+    if rec.dirty.is_empty() || !record_fits(sb, rec) {
+        return Ok(());
     }
-    for (i, (slot, rec)) in records.iter().enumerate() {
-        if last.get(slot) != Some(&i) || rec.dirty.is_empty() || !record_fits(sb, rec) {
-            continue;
-        }
-        map.forget_line(rec.volume, rec.backing_line)
-            .and_then(|()| map.restore(*slot, rec, true))
-            .map_err(metadata_inconsistent)?;
-    }
-    map.rebuild_free_list();
-    Ok(())
+    map.forget_line(rec.volume, rec.backing_line)
+        .and_then(|()| map.restore(slot, rec, true))
+        .map_err(metadata_inconsistent)
 }
 
 fn metadata_inconsistent(Invariant(what): Invariant) -> EngineError {
@@ -596,18 +631,18 @@ impl Cache {
     pub fn persist_config(&self) -> Result<()> {
         self.core.check_running()?;
         let _journal = self.core.journal.lock();
-        let mut sb = self.core.sb().clone();
-        self.fold_volumes(&mut sb);
-        sb.sequence += 1;
-        sb.updated_unix = now_unix();
-        write_superblock(&*self.core.dev, &sb)?;
-        *self.core.sb() = sb;
-        Ok(())
+        self.core.update_superblock(|sb| self.fold_volumes(sb))
     }
 
     /// Makes every completed write of every volume durable.
     pub fn commit(&self) -> Result<()> {
-        self.core.commit()
+        self.core.commit(CommitPurpose::Durability)
+    }
+
+    /// Commits the journal as the cleaner's periodic commit does: it runs after a failed commit
+    /// too, because it promises nothing about the durability of writes (`commit` does).
+    pub fn commit_in_background(&self) -> Result<()> {
+        self.core.commit(CommitPurpose::Writeback)
     }
 
     /// Why the engine stopped itself, if a check that guards user data failed: the daemon
@@ -644,20 +679,17 @@ impl Cache {
         // state that failed a check, is what the next start trusts.
         self.core.check_running()?;
         let _journal = self.core.journal.lock();
-        let mut sb = self.core.sb().clone();
-        let seq = sb.sequence + 1;
+        // The superblock written below takes this sequence number.
+        let checkpoint = self.core.sb().sequence + 1;
         if !discard {
             self.core.flush_backings()?;
-            write_checkpoint(&self.core, seq)?;
+            write_checkpoint(&self.core, checkpoint)?;
         }
-        self.fold_volumes(&mut sb);
-        sb.state = CacheState::Clean;
-        sb.checkpoint_seq = if discard { 0 } else { seq };
-        sb.sequence = seq;
-        sb.updated_unix = now_unix();
-        write_superblock(&*self.core.dev, &sb)?;
-        *self.core.sb() = sb;
-        Ok(())
+        self.core.update_superblock(|sb| {
+            self.fold_volumes(sb);
+            sb.state = CacheState::Clean;
+            sb.checkpoint_seq = if discard { 0 } else { checkpoint };
+        })
     }
 }
 
@@ -804,6 +836,7 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::superblock::read_superblock;
     use ssdcache_device::MemDevice;
     use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 

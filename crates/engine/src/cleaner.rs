@@ -5,18 +5,20 @@
 //! "Writeback").
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ssdcache_device::AlignedBuf;
 use ssdcache_format::{sector_crc, CacheMode, SectorBitmap, SECTOR_SIZE};
 
 use crate::cache::{Cache, Mismatch};
+use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::locks::LineKey;
 use crate::map::{line_of, volume_of, DirtyLine};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::thread::{self, JoinHandle};
+use crate::sync::Mutex;
 use crate::volume::{Counter, Volume};
 
 /// When and how fast the cleaner writes back. Defaults are in docs/operations.md.
@@ -192,7 +194,7 @@ impl Cache {
                 self.volumes()[i].count_pub(Counter::BytesCleaned, e.len);
             }
         }
-        self.commit()?;
+        self.core().commit(CommitPurpose::Writeback)?;
         Ok(report)
     }
 
@@ -226,30 +228,20 @@ impl Cache {
         depth: usize,
         pause: Option<Duration>,
     ) -> Vec<Outcome> {
-        let next = AtomicUsize::new(0);
-        let results: Vec<Mutex<Option<Outcome>>> =
-            extents.iter().map(|_| Mutex::new(None)).collect();
-        std::thread::scope(|scope| {
-            for _ in 0..depth.min(extents.len()) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(extent) = extents.get(i) else { break };
-                    let outcome = self.write_extent(extent);
-                    *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-                    if let Some(p) = pause {
-                        std::thread::sleep(p);
-                    }
-                });
+        in_parallel(extents, depth, |extent| {
+            // A halted engine starts no further writeback (§4.7).
+            let outcome = match self.core().check_running() {
+                Ok(()) => self.write_extent(extent),
+                Err(_) => Outcome::Failed,
+            };
+            if let Some(p) = pause {
+                std::thread::sleep(p);
             }
-        });
-        results
-            .into_iter()
-            .map(|r| {
-                r.into_inner()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .unwrap_or(Outcome::Failed)
-            })
-            .collect()
+            outcome
+        })
+        .into_iter()
+        .map(|r| r.unwrap_or(Outcome::Failed))
+        .collect()
     }
 
     /// Reads an extent's dirty sectors from the cache and writes them to the backing device,
@@ -365,8 +357,8 @@ impl Cache {
             let lines: Vec<DirtyLine> = lines.into_iter().take_while(|l| l.key >= cursor).collect();
             let Some(last) = lines.last() else { break };
             cursor = last.key + 1;
-            for line in &lines {
-                checked += self.verify_line(line)?;
+            for bytes in in_parallel(&lines, VERIFY_DEPTH, |line| self.verify_line(line)) {
+                checked += bytes.unwrap_or(Ok(0))?;
             }
             if !progress(checked) {
                 break;
@@ -375,36 +367,47 @@ impl Cache {
         Ok(self.damaged_ranges())
     }
 
-    /// Checks the dirty sectors of one line as it is now; returns the bytes checked.
+    /// Checks the dirty sectors of one line as it is now, one read per run of dirty sectors;
+    /// returns the bytes checked. A run that cannot be read is read again once, then its
+    /// sectors count as damaged (they cannot be written back either).
     fn verify_line(&self, planned: &DirtyLine) -> Result<u64> {
         let core = self.core();
         let (volume_id, line) = (volume_of(planned.key), line_of(planned.key));
         let _held = core.locks.lock_range(volume_id, line, line);
+        let spl = self.layout().sectors_per_line() as usize;
         let (dirty, crcs) = {
             let map = core.map();
             if map.key_of(planned.slot) != planned.key {
                 return Ok(0); // written back or dropped meanwhile
             }
             let mut crcs = [0u32; 256];
-            let spl = self.layout().sectors_per_line() as usize;
             map.sector_crcs(planned.slot, 0, &mut crcs[..spl]);
             (map.dirty_of(planned.slot).unwrap_or_default(), crcs)
         };
-        let mut sector = AlignedBuf::zeroed(SECTOR_SIZE as usize);
+        let mut buf = AlignedBuf::zeroed(self.layout().line_size as usize);
         let base = self.layout().slot_offset(u64::from(planned.slot));
         let mut bytes = 0;
-        for s in (0..256).filter(|&s| dirty.get(s)) {
-            bytes += SECTOR_SIZE;
-            let readable = core
-                .dev
-                .read_at(&mut sector, base + s as u64 * SECTOR_SIZE)
-                .is_ok();
-            let sound = readable
-                && (sector_crc(&sector) == crcs[s]
-                    || core.settle_mismatch(planned.slot, s, &sector) == Mismatch::NewerWrite);
-            if !sound {
-                core.map().mark_damaged(planned.slot, s);
+        let mut s = 0;
+        while s < spl {
+            if !dirty.get(s) {
+                s += 1;
+                continue;
             }
+            let end = (s..spl).find(|&t| !dirty.get(t)).unwrap_or(spl);
+            let run = &mut buf[..(end - s) * SECTOR_SIZE as usize];
+            let at = base + s as u64 * SECTOR_SIZE;
+            let readable = core.dev.read_at(run, at).is_ok() || core.dev.read_at(run, at).is_ok();
+            for (i, sector) in run.chunks(SECTOR_SIZE as usize).enumerate() {
+                let sound = readable
+                    && (sector_crc(sector) == crcs[s + i]
+                        || core.settle_mismatch(planned.slot, s + i, sector)
+                            == Mismatch::NewerWrite);
+                if !sound {
+                    core.map().mark_damaged(planned.slot, s + i);
+                }
+            }
+            bytes += run.len() as u64;
+            s = end;
         }
         Ok(bytes)
     }
@@ -454,13 +457,15 @@ impl Cache {
     pub fn discard_damaged(&self) -> Result<Vec<DamagedRange>> {
         let ranges = self.damaged_ranges();
         let damaged = self.core().map().damaged_slots();
-        for (slot, key, bits) in damaged {
+        for (slot, key, _) in damaged {
             let (volume_id, line) = (volume_of(key), line_of(key));
             let _held = self.core().locks.lock_range(volume_id, line, line);
             self.core().with_map(|map| {
                 if map.key_of(slot) != key {
                     return Ok(());
                 }
+                // As it is now, under the line's lock (a write may have replaced some).
+                let bits = map.damaged_of(slot);
                 (0..256)
                     .filter(|&s| bits.get(s))
                     .try_for_each(|s| map.invalidate_slot(slot, s, 1))
@@ -485,7 +490,7 @@ impl Cache {
         }
         self.cleaner.stop.store(false, Ordering::Release);
         let cache = Arc::clone(self);
-        *slot = Some(std::thread::spawn(move || cache.cleaner_loop(&cfg)));
+        *slot = Some(thread::spawn(move || cache.cleaner_loop(&cfg)));
     }
 
     /// Stops the cleaner thread and waits for its batch to finish.
@@ -537,7 +542,7 @@ impl Cache {
                     && self.core().map().changes_pending() > 0
                 {
                     // Bounds how much a crash can lose when clients never flush.
-                    if let Err(e) = self.commit() {
+                    if let Err(e) = self.core().commit(CommitPurpose::Writeback) {
                         tracing::warn!("periodic metadata commit failed: {e}");
                     }
                     last_commit = Instant::now();
@@ -661,10 +666,14 @@ impl Cache {
             .get(volume)
             .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
         if v.configured_mode() == CacheMode::WriteBack && mode != CacheMode::WriteBack {
-            v.set_mode(CacheMode::WriteThrough);
-            self.drain(cfg, progress)?;
-            if self.dirty_bytes() > 0 {
-                v.set_mode(CacheMode::WriteBack);
+            // Writes go through from here on (once those in flight finished), so the drain
+            // below sees all the dirty data; the configured (persisted) mode changes only
+            // once it is all written back, and a failed drain leaves the volume write-back.
+            v.set_serving_mode(CacheMode::WriteThrough);
+            let drained = self.drain(cfg, progress);
+            if drained.is_err() || self.dirty_bytes() > 0 {
+                v.set_serving_mode(CacheMode::WriteBack);
+                drained?;
                 return Err(EngineError::Format(
                     "mode change interrupted before the dirty data was written back; the volume \
                      stays in write-back"
@@ -675,6 +684,39 @@ impl Cache {
         v.set_mode(mode);
         Ok(())
     }
+}
+
+/// Lines checked at once by `verify_dirty` (an SSD serves a queue much faster than one read
+/// at a time).
+const VERIFY_DEPTH: usize = 8;
+
+/// Runs `work` on every item with up to `depth` threads taking the next item in turn; the
+/// results come back in the items' order (`None` for an item a panicking thread never did).
+/// With a depth of 1 it runs in the calling thread.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    depth: usize,
+    work: impl Fn(&T) -> R + Sync,
+) -> Vec<Option<R>> {
+    if depth <= 1 || items.len() <= 1 {
+        return items.iter().map(|item| Some(work(item))).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    thread::scope(|scope| {
+        for _ in 0..depth.min(items.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let result = work(item);
+                *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect()
 }
 
 /// A range of a volume whose dirty data in the cache is damaged or unreadable.

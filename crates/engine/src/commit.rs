@@ -13,14 +13,15 @@
 //!   the failed one's leftover blocks.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use ssdcache_device::BlockDevice;
 use ssdcache_format::{Layout, LineRecord};
 
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 
 /// A backing device whose writes are counted against its flushes.
 pub(crate) struct Backing {
@@ -31,14 +32,22 @@ pub(crate) struct Backing {
     /// The value of `completed` read just before the last successful flush began: every write
     /// counted up to there is durable.
     flushed: AtomicU64,
+    /// A flush failed: the device may have dropped writes it covered, and no later flush can
+    /// bring them back, so every later flush fails too (a failed flush is never retried and
+    /// forgotten) until the daemon restarts.
+    flush_failed: AtomicBool,
 }
 
 impl Backing {
     pub fn new(dev: Arc<dyn BlockDevice>) -> Backing {
         Backing {
             dev,
-            completed: AtomicU64::new(0),
+            // Writes of an earlier run (before a kill -9, say) may still sit in the device's
+            // volatile cache, and a client's FLUSH after the restart must cover them too: the
+            // first flush always reaches the device.
+            completed: AtomicU64::new(1),
             flushed: AtomicU64::new(0),
+            flush_failed: AtomicBool::new(false),
         }
     }
 
@@ -69,13 +78,31 @@ impl Backing {
     /// Makes every write that returned before this call durable; no device flush when none
     /// returned since the last flush that covered them.
     pub fn flush(&self) -> io::Result<()> {
+        if self.flush_failed() {
+            return Err(io::Error::other(
+                "an earlier flush of this device failed, so writes it covered may be lost and \
+                 no later flush can vouch for them; check the device, then restart the daemon",
+            ));
+        }
         let target = self.completed.load(Ordering::SeqCst);
         if self.flushed.load(Ordering::SeqCst) >= target {
             return Ok(());
         }
-        self.dev.flush()?;
+        if let Err(e) = self.dev.flush() {
+            self.flush_failed.store(true, Ordering::SeqCst);
+            tracing::error!(
+                "{}: flush failed ({e}); every later FLUSH of its volume fails until the daemon \
+                 restarts",
+                self.dev.describe()
+            );
+            return Err(e);
+        }
         self.flushed.fetch_max(target, Ordering::SeqCst);
         Ok(())
+    }
+
+    pub fn flush_failed(&self) -> bool {
+        self.flush_failed.load(Ordering::SeqCst)
     }
 }
 
@@ -87,6 +114,12 @@ pub(crate) struct JournalState {
     /// sequence numbers the next commit would use). The next commit must start a fresh
     /// generation so those blocks can never be read as part of the log.
     fresh_generation_due: bool,
+    /// A fresh generation whose blocks are written and flushed but whose superblock write
+    /// failed part way: a superblock copy on the device may name it, or the old log. Until a
+    /// superblock write lands, both must stay intact, so the next commit first writes the
+    /// superblock naming it again (its blocks are whole) before anything else touches the
+    /// journal.
+    unconfirmed: Option<JournalPosition>,
 }
 
 /// The metadata journal's commit state.
@@ -96,6 +129,17 @@ pub(crate) struct Journal {
     /// durable (a failed flush is never retried and forgotten). FLUSH keeps failing while the
     /// cache holds dirty data; see `Volume::commit`.
     failed: AtomicBool,
+}
+
+/// Why a commit runs, which decides whether an earlier failure refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitPurpose {
+    /// A client's FLUSH or FUA, or anyone promising that completed writes are durable: refused
+    /// while an earlier failed commit leaves dirty data of unknown durability.
+    Durability,
+    /// The cleaner recording what it wrote back (or its periodic commit): it promises nothing
+    /// about other data, so it runs after a failure too (it is how dirty data drains).
+    Writeback,
 }
 
 /// How a commit writes its records.
@@ -114,6 +158,7 @@ impl Journal {
             state: Mutex::new(JournalState {
                 pos,
                 fresh_generation_due: false,
+                unconfirmed: None,
             }),
             failed: AtomicBool::new(false),
         }
@@ -171,7 +216,7 @@ impl JournalState {
             )));
         }
         let mut next = self.pos;
-        if journal::write_commit(dev, layout, &mut next, records)? > 0 {
+        if journal::write_commit(dev, layout, &mut next, records, false)? > 0 {
             flush_cache(dev)?;
         }
         self.pos = next;
@@ -188,7 +233,7 @@ impl JournalState {
         records: &[(u32, LineRecord)],
     ) -> Result<JournalPosition> {
         let mut next = fresh_position(self.pos, layout);
-        let blocks = journal::blocks_for(records.len(), layout);
+        let blocks = journal::blocks_for(records.len(), layout).max(1);
         if self.pos.live_blocks() + blocks > layout.journal_blocks() {
             return Err(EngineError::Invariant(format!(
                 "a compaction of {blocks} blocks does not fit beside {} live journal blocks \
@@ -197,9 +242,11 @@ impl JournalState {
                 layout.journal_blocks()
             )));
         }
-        if journal::write_commit(dev, layout, &mut next, records)? > 0 {
-            flush_cache(dev)?;
-        }
+        // At least one block, even with nothing dirty: replay after an unclean stop requires
+        // the generation's first commit, so a journal region that was lost (zeroed, truncated)
+        // is refused rather than read as an empty log.
+        journal::write_commit(dev, layout, &mut next, records, true)?;
+        flush_cache(dev)?;
         Ok(next)
     }
 
@@ -207,6 +254,16 @@ impl JournalState {
     pub fn adopt(&mut self, next: JournalPosition) {
         self.pos = next;
         self.fresh_generation_due = false;
+        self.unconfirmed = None;
+    }
+
+    /// `next`'s blocks are whole but the superblock naming it may or may not have landed.
+    pub fn leave_unconfirmed(&mut self, next: JournalPosition) {
+        self.unconfirmed = Some(next);
+    }
+
+    pub fn unconfirmed(&self) -> Option<JournalPosition> {
+        self.unconfirmed
     }
 }
 
@@ -239,6 +296,7 @@ pub(crate) fn start_generation(
     let state = JournalState {
         pos,
         fresh_generation_due: true,
+        unconfirmed: None,
     };
     state.write_fresh_generation(dev, layout, records)
 }
@@ -304,14 +362,24 @@ mod tests {
         });
         let backing = Backing::new(dev.clone());
         backing.flush().unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 0, "nothing written");
+        assert_eq!(
+            dev.flushes.load(Ordering::SeqCst),
+            1,
+            "the first flush covers an earlier run's writes"
+        );
+        backing.flush().unwrap();
+        assert_eq!(
+            dev.flushes.load(Ordering::SeqCst),
+            1,
+            "nothing written since"
+        );
         backing.write_at(&[1u8; 4096], 0).unwrap();
         backing.flush().unwrap();
         backing.flush().unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 1);
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 2);
         backing.write_with(|d| d.write_zeroes(0, 4096)).unwrap();
         backing.flush().unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 2);
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 3);
     }
 
     /// The race a single flag lost: a flush that starts while a write is in flight must not
@@ -323,6 +391,7 @@ mod tests {
             flushes: AtomicU64::new(0),
         });
         let backing = Backing::new(dev.clone());
+        backing.flush().unwrap();
         backing
             .write_with(|d| {
                 // Another thread's FLUSH runs while this write is in flight.
@@ -330,25 +399,29 @@ mod tests {
                 d.write_at(&[2u8; 4096], 0)
             })
             .unwrap();
-        assert_eq!(dev.flushes.load(Ordering::SeqCst), 0);
+        assert_eq!(dev.flushes.load(Ordering::SeqCst), 1);
         backing.flush().unwrap();
         assert_eq!(
             dev.flushes.load(Ordering::SeqCst),
-            1,
+            2,
             "the write still needs its flush"
         );
     }
 
+    /// After a failed flush the device may have dropped the writes it covered: a later flush
+    /// that succeeds would vouch for them wrongly, so every later flush fails.
     #[test]
-    fn a_failed_flush_is_issued_again() {
+    fn a_failed_flush_is_never_retried_and_forgotten() {
         let dev = Arc::new(CrashDevice::new("failing", 1 << 20));
         let backing = Backing::new(dev.clone());
         backing.write_at(&[3u8; 4096], 0).unwrap();
         dev.fail_flushes(true);
         assert!(backing.flush().is_err());
         dev.fail_flushes(false);
+        let flushes = dev.flush_count();
+        let err = backing.flush().unwrap_err();
+        assert!(err.to_string().contains("earlier flush"), "{err}");
+        assert_eq!(dev.flush_count(), flushes, "not issued again");
         assert_eq!(backing.flushed.load(Ordering::SeqCst), 0);
-        backing.flush().unwrap();
-        assert_eq!(backing.flushed.load(Ordering::SeqCst), 1);
     }
 }

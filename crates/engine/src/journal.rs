@@ -49,20 +49,24 @@ pub fn blocks_for(records: usize, layout: &Layout) -> u64 {
 }
 
 /// Writes `records` as one commit at `pos.next_seq` (wrapping around the region), without
-/// flushing. Returns the number of blocks written. An empty commit writes nothing.
+/// flushing. Returns the number of blocks written. An empty commit writes nothing, unless
+/// `at_least_one_block` (a generation's first commit), which writes one empty block.
 pub fn write_commit(
     dev: &dyn BlockDevice,
     layout: &Layout,
     pos: &mut JournalPosition,
     records: &[(u32, LineRecord)],
+    at_least_one_block: bool,
 ) -> Result<u64> {
-    if records.is_empty() {
+    if records.is_empty() && !at_least_one_block {
         return Ok(0);
     }
     let per_block = entries_per_block(layout.line_size);
-    let blocks = blocks_for(records.len(), layout);
+    let blocks = blocks_for(records.len(), layout).max(1);
     let mut buf = AlignedBuf::zeroed((blocks * SECTOR_SIZE) as usize);
-    for (i, chunk) in records.chunks(per_block).enumerate() {
+    for i in 0..blocks as usize {
+        let chunk =
+            &records[(i * per_block).min(records.len())..((i + 1) * per_block).min(records.len())];
         let entries: Vec<JournalEntry> = chunk
             .iter()
             .map(|(slot, record)| JournalEntry {
@@ -107,53 +111,43 @@ pub fn write_commit(
 /// What replay found.
 #[derive(Debug)]
 pub struct Replayed {
-    /// The last record of each slot that some complete commit wrote.
-    pub records: Vec<(u32, LineRecord)>,
     pub commits: u64,
     pub blocks: u64,
     /// Where the next block would go.
     pub end: JournalPosition,
 }
 
-/// Reads the live journal from `start` and returns the records of every complete commit, in
-/// order; stops at the first block that does not follow (the end, or a torn commit, which is
-/// ignored whole).
-pub fn replay(dev: &dyn BlockDevice, layout: &Layout, start: JournalPosition) -> Result<Replayed> {
-    let total = layout.journal_blocks();
-    let mut buf = AlignedBuf::zeroed((REPLAY_BATCH * SECTOR_SIZE) as usize);
-    let mut records = Vec::new();
-    let mut in_commit = Vec::new();
-    let (mut commits, mut blocks, mut seq) = (0u64, 0u64, start.start_seq);
-    'outer: while seq - start.start_seq < total {
-        let read = seq - start.start_seq;
-        let block = (start.start_block + read) % total;
-        let n = (total - block).min(REPLAY_BATCH).min(total - read);
-        let chunk = &mut buf[..(n * SECTOR_SIZE) as usize];
-        dev.read_at(chunk, layout.journal_offset + block * SECTOR_SIZE)
-            .map_err(|e| EngineError::CacheDevice {
-                device: dev.describe(),
-                source: e,
-            })?;
-        for raw in chunk.chunks(SECTOR_SIZE as usize) {
-            let Ok(decoded) = decode_block(raw, start.generation, seq, layout.line_size) else {
-                break 'outer;
-            };
-            in_commit.extend(decoded.entries);
-            seq += 1;
-            if decoded.last_in_commit {
-                records.extend(in_commit.drain(..).filter_map(|e| {
-                    u32::try_from(e.slot)
-                        .ok()
-                        .filter(|&s| u64::from(s) < layout.line_count)
-                        .map(|s| (s, e.record))
-                }));
-                commits += 1;
-                blocks = seq - start.start_seq;
+/// Replays the live journal from `start`: calls `apply` with every entry of every complete
+/// commit, in order (the slot, then its record). A first pass finds where the log ends (the
+/// first block that does not follow, or the blocks of a commit torn by a crash, which is
+/// ignored whole); a second applies what lies before. Memory stays at one read buffer however
+/// long the log: records are applied as they are read, never collected.
+pub fn replay(
+    dev: &dyn BlockDevice,
+    layout: &Layout,
+    start: JournalPosition,
+    apply: &mut dyn FnMut(u32, &LineRecord) -> Result<()>,
+) -> Result<Replayed> {
+    let (commits, blocks) = find_end(dev, layout, start)?;
+    let mut seq = start.start_seq;
+    for_each_block(dev, layout, start, blocks, &mut |raw| {
+        let decoded = decode_block(raw, start.generation, seq, layout.line_size).map_err(|e| {
+            EngineError::Format(format!(
+                "journal block {seq} changed between the two passes of replay: {e}"
+            ))
+        })?;
+        seq += 1;
+        for e in &decoded.entries {
+            if let Some(slot) = u32::try_from(e.slot)
+                .ok()
+                .filter(|&s| u64::from(s) < layout.line_count)
+            {
+                apply(slot, &e.record)?;
             }
         }
-    }
+        Ok(true)
+    })?;
     Ok(Replayed {
-        records,
         commits,
         blocks,
         end: JournalPosition {
@@ -161,4 +155,54 @@ pub fn replay(dev: &dyn BlockDevice, layout: &Layout, start: JournalPosition) ->
             ..start
         },
     })
+}
+
+/// The complete commits of the live journal from `start`, and the blocks they span.
+fn find_end(dev: &dyn BlockDevice, layout: &Layout, start: JournalPosition) -> Result<(u64, u64)> {
+    let (mut commits, mut blocks, mut seq) = (0u64, 0u64, start.start_seq);
+    for_each_block(dev, layout, start, layout.journal_blocks(), &mut |raw| {
+        let Ok(decoded) = decode_block(raw, start.generation, seq, layout.line_size) else {
+            return Ok(false);
+        };
+        seq += 1;
+        if decoded.last_in_commit {
+            commits += 1;
+            blocks = seq - start.start_seq;
+        }
+        Ok(true)
+    })?;
+    Ok((commits, blocks))
+}
+
+/// Reads up to `count` blocks of the log from `start`, in order, 1 MiB at a time, calling
+/// `visit` with each until it returns false.
+fn for_each_block(
+    dev: &dyn BlockDevice,
+    layout: &Layout,
+    start: JournalPosition,
+    count: u64,
+    visit: &mut dyn FnMut(&[u8]) -> Result<bool>,
+) -> Result<()> {
+    let total = layout.journal_blocks();
+    let mut buf = AlignedBuf::zeroed((REPLAY_BATCH * SECTOR_SIZE) as usize);
+    let mut read = 0u64;
+    while read < count.min(total) {
+        let block = (start.start_block + read) % total;
+        let n = (total - block)
+            .min(REPLAY_BATCH)
+            .min(count.min(total) - read);
+        let chunk = &mut buf[..(n * SECTOR_SIZE) as usize];
+        dev.read_at(chunk, layout.journal_offset + block * SECTOR_SIZE)
+            .map_err(|e| EngineError::CacheDevice {
+                device: dev.describe(),
+                source: e,
+            })?;
+        for raw in chunk.chunks(SECTOR_SIZE as usize) {
+            if !visit(raw)? {
+                return Ok(());
+            }
+        }
+        read += n;
+    }
+    Ok(())
 }

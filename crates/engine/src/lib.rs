@@ -12,12 +12,14 @@ mod journal;
 mod locks;
 mod map;
 pub mod policy;
+pub mod superblock;
+mod sync;
 mod volume;
 
 pub use cache::{
-    format, offline_stats, read_superblock, write_superblock, Cache, NewVolume, OpenReport,
-    RecoveryReport,
+    format, format_with_journal, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport,
 };
 pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
 pub use error::{EngineError, Result};
+pub use superblock::{read_superblock, write_superblock};
 pub use volume::{Volume, VolumeState, VolumeStats, CACHE_ERROR_LIMIT};

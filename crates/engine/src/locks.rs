@@ -3,8 +3,8 @@
 //! never chosen for eviction. Locks are taken in ascending line order (no deadlock) and
 //! sharded so unrelated requests rarely meet on a mutex.
 
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::collections::HashSet;
-use std::sync::{Condvar, Mutex, MutexGuard};
 
 const SHARDS: usize = 64;
 

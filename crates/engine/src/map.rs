@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use crate::locks::{line_key, LineKey, LineLocks};
 use crate::policy::ReplacementPolicy;
+use ssdcache_format::lines::RECORD_UNVERIFIED;
 use ssdcache_format::superblock::MAX_VOLUMES;
 use ssdcache_format::{LineRecord, SectorBitmap};
 
@@ -50,12 +51,13 @@ pub struct MapState {
     sectors_per_line: usize,
     /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid.
     crcs: Vec<u32>,
-    /// Sectors restored from the journal after an unclean stop: their checksum is the one the
-    /// last commit recorded, and a write made after that commit (not yet flushed, so allowed
-    /// to be lost or kept) may have replaced the data in place. The first read of such a
-    /// sector that does not match accepts the data as that newer write unless it reads as
-    /// zeroes (what a lost or truncated region returns). Sparse: only recovered slots.
-    unverified: HashMap<u32, SectorBitmap>,
+    /// One bit per slot: its dirty sectors were restored from the journal after an unclean
+    /// stop, so their checksums are the ones the last commit recorded, and a write made after
+    /// that commit (not yet flushed, so allowed to be lost or kept) may have replaced the data
+    /// in place. A read of such a dirty sector that does not match accepts the data as that
+    /// newer write unless it reads as zeroes (what a lost or truncated region returns). Kept
+    /// across a clean stop (`RECORD_UNVERIFIED`); cleared when the slot has no dirty data.
+    unverified: Vec<u64>,
     /// Dirty sectors whose data failed its checksum (the cache lost or damaged them): the
     /// cleaner leaves them alone (writing them back would put garbage on the backing device),
     /// reads of them fail, and `Cache::verify_dirty` names them. A sector leaves the set when
@@ -68,14 +70,18 @@ pub struct MapState {
     dirty_since: Vec<u32>,
     /// Dirty slots by backing address, for the cleaner's sweep.
     dirty_index: BTreeMap<LineKey, u32>,
-    /// True while the durable metadata may say the slot holds dirty data: such a slot is never
-    /// reused until a commit says otherwise (its data may be the only copy after a crash).
-    maybe_durable_dirty: Vec<bool>,
+    /// The sectors the durable metadata may call dirty, `words_per_line` per slot: the union
+    /// of the dirty bits of every record handed to a commit since the last completed commit
+    /// that recorded the slot. A slot with any is never reused until a commit says otherwise
+    /// (its data may be the only copy after a crash), and such a sector that is no longer
+    /// dirty keeps its bytes (a crash may bring its record back, whose checksum must still
+    /// match): fills skip it, writes through drop it.
+    recorded_dirty: Vec<u64>,
     /// Slots whose dirty state changed since the last commit.
     changed: Vec<u32>,
     is_changed: Vec<bool>,
     free: Vec<u32>,
-    /// Released slots waiting for a commit before reuse (see `maybe_durable_dirty`).
+    /// Released slots waiting for a commit before reuse (see `recorded_dirty`).
     pending_free: Vec<u32>,
     policy: Box<dyn ReplacementPolicy>,
     /// Lines, valid sectors and dirty sectors held per volume, for statistics.
@@ -118,12 +124,12 @@ impl MapState {
             words_per_line,
             sectors_per_line,
             crcs: vec![0; n * sectors_per_line],
-            unverified: HashMap::new(),
+            unverified: vec![0; n.div_ceil(64)],
             damaged: HashMap::new(),
             epoch: vec![0; n],
             dirty_since: vec![0; n],
             dirty_index: BTreeMap::new(),
-            maybe_durable_dirty: vec![false; n],
+            recorded_dirty: vec![0; n * words_per_line],
             changed: Vec::new(),
             is_changed: vec![false; n],
             // Popping from the end hands out low slots first.
@@ -196,6 +202,9 @@ impl MapState {
                 self.damaged.remove(&slot);
             }
         }
+        if dirty.is_empty() {
+            self.set_unverified(slot, false);
+        }
         if valid.is_empty() {
             self.release(slot)?;
         }
@@ -240,11 +249,11 @@ impl MapState {
             if let Some(s) = self.free.pop() {
                 break s;
             }
-            let (keys, dirty, durable) = (&self.keys, &self.dirty, &self.maybe_durable_dirty);
+            let (keys, dirty, durable) = (&self.keys, &self.dirty, &self.recorded_dirty);
             let wpl = self.words_per_line;
             let victim = self.policy.victim(key, &mut |s| {
                 let at = s as usize * wpl;
-                !durable[s as usize]
+                durable[at..at + wpl].iter().all(|&w| w == 0)
                     && dirty[at..at + wpl].iter().all(|&w| w == 0)
                     && !locks.is_held(keys[s as usize])
             });
@@ -261,7 +270,7 @@ impl MapState {
         check(
             (slot as usize) < self.keys.len()
                 && self.keys[slot as usize] == NO_KEY
-                && !self.maybe_durable_dirty[slot as usize],
+                && !self.maybe_durable_dirty(slot),
             || format!("slot {slot} handed out for reuse while in use or possibly durably dirty"),
         )?;
         self.keys[slot as usize] = key;
@@ -275,6 +284,18 @@ impl MapState {
     /// Unmaps a slot. It goes back on the free list, or waits for the next commit when the
     /// durable metadata may still call it dirty.
     fn release(&mut self, slot: u32) -> Checked {
+        self.unmap(slot)?;
+        if self.maybe_durable_dirty(slot) {
+            self.note_changed(slot);
+            self.pending_free.push(slot);
+        } else {
+            self.free.push(slot);
+        }
+        Ok(())
+    }
+
+    /// Empties a mapped slot: its line leaves the map, its bits and statistics go.
+    fn unmap(&mut self, slot: u32) -> Checked {
         let key = self.keys[slot as usize];
         check(key != NO_KEY, || format!("free slot {slot} released again"))?;
         let vol = usize::from(volume_of(key));
@@ -292,17 +313,38 @@ impl MapState {
         let at = slot as usize * wpl;
         self.valid[at..at + wpl].fill(0);
         self.dirty[at..at + wpl].fill(0);
-        self.unverified.remove(&slot);
+        self.set_unverified(slot, false);
         self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
-        if self.maybe_durable_dirty[slot as usize] {
-            self.note_changed(slot);
-            self.pending_free.push(slot);
-        } else {
-            self.free.push(slot);
-        }
         Ok(())
+    }
+
+    /// Whether the durable metadata may call any sector of the slot dirty.
+    fn maybe_durable_dirty(&self, slot: u32) -> bool {
+        let at = slot as usize * self.words_per_line;
+        self.recorded_dirty[at..at + self.words_per_line]
+            .iter()
+            .any(|&w| w != 0)
+    }
+
+    /// The sectors of a slot the durable metadata may call dirty (see `recorded_dirty`).
+    pub fn recorded_dirty_of(&self, slot: u32) -> SectorBitmap {
+        Self::load(&self.recorded_dirty, self.words_per_line, slot)
+    }
+
+    fn add_recorded_dirty(&mut self, slot: u32, dirty: &SectorBitmap) {
+        let mut bits = self.recorded_dirty_of(slot);
+        for w in 0..4 {
+            bits.0[w] |= dirty.0[w];
+        }
+        self.set_recorded_dirty(slot, &bits);
+    }
+
+    fn set_recorded_dirty(&mut self, slot: u32, bits: &SectorBitmap) {
+        let wpl = self.words_per_line;
+        let at = slot as usize * wpl;
+        self.recorded_dirty[at..at + wpl].copy_from_slice(&bits.0[..wpl]);
     }
 
     /// Marks sectors valid with data equal to the backing device's (a fill). Sectors already
@@ -325,6 +367,25 @@ impl MapState {
             valid.set(s, true);
         }
         self.store(slot, valid, dirty, 0)
+    }
+
+    /// Marks sectors valid and clean with new data that the backing device already has (a
+    /// write-through write): dirty sectors among them are superseded, not kept.
+    pub fn set_written_through(&mut self, slot: u32, first: usize, crcs: &[u32]) -> Checked {
+        let count = crcs.len();
+        self.check_sectors(slot, first, count)?;
+        if self.keys[slot as usize] == NO_KEY {
+            return Ok(());
+        }
+        let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
+        for s in first..first + count {
+            valid.set(s, true);
+            dirty.set(s, false);
+        }
+        self.store(slot, valid, dirty, 0)?;
+        let base = slot as usize * self.sectors_per_line;
+        self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        Ok(())
     }
 
     fn check_sectors(&self, slot: u32, first: usize, count: usize) -> Checked {
@@ -350,11 +411,9 @@ impl MapState {
         self.store(slot, valid, dirty, now)?;
         let base = slot as usize * self.sectors_per_line;
         self.crcs[base + first..base + first + count].copy_from_slice(crcs);
-        for set in [&mut self.unverified, &mut self.damaged] {
-            if let Some(bits) = set.get_mut(&slot) {
-                for s in first..first + count {
-                    bits.set(s, false);
-                }
+        if let Some(bits) = self.damaged.get_mut(&slot) {
+            for s in first..first + count {
+                bits.set(s, false);
             }
         }
         // A rewritten sector's checksum changes the record even when its dirty bit does not:
@@ -369,10 +428,21 @@ impl MapState {
         out.copy_from_slice(&self.crcs[at..at + out.len()]);
     }
 
-    /// Whether a sector's checksum came from the journal after an unclean stop and was not
-    /// confirmed since (see `unverified`).
+    /// Whether a dirty sector's checksum may predate a newer write that landed before an
+    /// unclean stop (see `unverified`).
     pub fn is_unverified(&self, slot: u32, sector: usize) -> bool {
-        self.unverified.get(&slot).is_some_and(|b| b.get(sector))
+        self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1
+            && self.dirty_bits(slot).get(sector)
+    }
+
+    fn set_unverified(&mut self, slot: u32, on: bool) {
+        let bit = 1u64 << (slot % 64);
+        let word = &mut self.unverified[slot as usize / 64];
+        if on {
+            *word |= bit;
+        } else {
+            *word &= !bit;
+        }
     }
 
     /// Marks a dirty sector whose data failed its checksum (see `damaged`).
@@ -398,12 +468,9 @@ impl MapState {
     /// Accepts `crc` as an unverified sector's checksum: its data is a write newer than the
     /// last commit. The next commit records it.
     pub fn accept_newer_data(&mut self, slot: u32, sector: usize, crc: u32) {
-        if let Some(unverified) = self.unverified.get_mut(&slot) {
-            if unverified.get(sector) {
-                unverified.set(sector, false);
-                self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
-                self.note_changed(slot);
-            }
+        if self.is_unverified(slot, sector) {
+            self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
+            self.note_changed(slot);
         }
     }
 
@@ -554,9 +621,10 @@ impl MapState {
         }
         let valid = self.valid_bits(slot);
         let base = slot as usize * self.sectors_per_line;
+        let unverified = self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1;
         LineRecord {
             volume: volume_of(key),
-            flags: 0,
+            flags: if unverified { RECORD_UNVERIFIED } else { 0 },
             backing_line: line_of(key),
             valid,
             dirty: self.dirty_bits(slot),
@@ -600,9 +668,7 @@ impl MapState {
             .map(|slot| {
                 self.is_changed[slot as usize] = false;
                 let rec = self.journal_record(slot);
-                if !rec.is_free() {
-                    self.maybe_durable_dirty[slot as usize] = true;
-                }
+                self.add_recorded_dirty(slot, &rec.dirty);
                 (slot, rec)
             })
             .collect()
@@ -617,8 +683,9 @@ impl MapState {
         slots
             .into_iter()
             .map(|slot| {
-                self.maybe_durable_dirty[slot as usize] = true;
-                (slot, self.journal_record(slot))
+                let rec = self.journal_record(slot);
+                self.add_recorded_dirty(slot, &rec.dirty);
+                (slot, rec)
             })
             .collect()
     }
@@ -628,23 +695,16 @@ impl MapState {
     /// dirty is durably free.
     pub fn commit_done(&mut self, records: &[(u32, LineRecord)], compaction: bool) {
         if compaction {
-            let mut dirty_now = vec![false; self.keys.len()];
-            for (slot, rec) in records {
-                dirty_now[*slot as usize] = !rec.is_free();
-            }
-            self.maybe_durable_dirty = dirty_now;
-        } else {
-            for (slot, rec) in records {
-                if rec.is_free() {
-                    self.maybe_durable_dirty[*slot as usize] = false;
-                }
-            }
+            self.recorded_dirty.fill(0);
         }
-        let durable = &self.maybe_durable_dirty;
+        // The last record of a slot is what replay uses now.
+        for (slot, rec) in records {
+            self.set_recorded_dirty(*slot, &rec.dirty);
+        }
         let (reusable, waiting): (Vec<u32>, Vec<u32>) = self
             .pending_free
             .iter()
-            .partition(|&&s| !durable[s as usize]);
+            .partition(|&&s| !self.maybe_durable_dirty(s));
         self.pending_free = waiting;
         self.free.extend(reusable);
     }
@@ -652,12 +712,19 @@ impl MapState {
     /// Drops a line wherever it is, during recovery (nothing is durable-dirty yet).
     pub fn forget_line(&mut self, volume: u16, line: u64) -> Checked {
         match self.map.get(&line_key(volume, line)) {
-            Some(&slot) => {
-                self.maybe_durable_dirty[slot as usize] = false;
-                self.release(slot)
-            }
+            Some(&slot) => self.forget_slot(slot),
             None => Ok(()),
         }
+    }
+
+    /// Empties a slot wherever it stands, during recovery (nothing is durable-dirty yet; the
+    /// free list is rebuilt at the end, `rebuild_free_list`).
+    pub fn forget_slot(&mut self, slot: u32) -> Checked {
+        self.set_recorded_dirty(slot, &SectorBitmap::default());
+        if self.keys[slot as usize] == NO_KEY {
+            return Ok(());
+        }
+        self.unmap(slot)
     }
 
     /// Puts back the records of a commit that failed, so the next commit writes them.
@@ -702,12 +769,11 @@ impl MapState {
         for s in 0..self.sectors_per_line {
             self.crcs[base + s] = rec.crc(s);
         }
-        if unverified && !dirty.is_empty() {
-            self.unverified.insert(slot, dirty);
-        }
+        let unverified = unverified || rec.flags & RECORD_UNVERIFIED != 0;
+        self.set_unverified(slot, unverified && !dirty.is_empty());
         self.store(slot, valid, dirty, 0)?;
         // Whatever was restored came from durable metadata.
-        self.maybe_durable_dirty[slot as usize] = !dirty.is_empty();
+        self.set_recorded_dirty(slot, &dirty);
         self.is_changed[slot as usize] = false;
         self.changed.retain(|&s| s != slot);
         Ok(())
@@ -729,7 +795,9 @@ impl MapState {
     /// reuse check exists for.
     pub(crate) fn break_free_list_for_test(&mut self) -> u32 {
         let slot = self.free.pop().unwrap_or(0);
-        self.maybe_durable_dirty[slot as usize] = true;
+        let mut one = SectorBitmap::default();
+        one.set(0, true);
+        self.set_recorded_dirty(slot, &one);
         self.free.push(slot);
         slot
     }

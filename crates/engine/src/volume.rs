@@ -1,16 +1,17 @@
 //! One backing device served through the cache: the read and write paths of each mode.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
 
 use crate::admission::{Admission, NHitAdmission, StreamDetector};
 use crate::cache::{CacheCore, Mismatch};
-use crate::commit::Backing;
+use crate::commit::{Backing, CommitPurpose};
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
+use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::sync::{Mutex, MutexGuard, RwLock};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]
@@ -50,14 +51,6 @@ pub enum Counter {
     ChecksumErrors,
 }
 
-thread_local! {
-    /// One line of scratch space per thread for whole-line fills (no allocation per miss).
-    static LINE_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
-    /// Cached sectors being checked before they are laid over a backing read (a fill's line
-    /// scratch may be in use further up the stack).
-    static OVERLAY_SCRATCH: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
-}
-
 /// The part of a request that falls in one cache line.
 #[derive(Debug, Clone, Copy)]
 struct Segment {
@@ -82,6 +75,9 @@ pub enum VolumeState {
     /// Write-back after cache-device errors: new writes go to the backing device; dirty data
     /// still in the cache is at risk (reads of it fail rather than return stale data).
     CacheFailed,
+    /// The backing device failed a flush: writes it covered may be lost, so every FLUSH of the
+    /// volume fails until the daemon restarts (reads and writes go on).
+    BackingFlushFailed,
 }
 
 impl VolumeState {
@@ -90,6 +86,7 @@ impl VolumeState {
             VolumeState::Healthy => "healthy",
             VolumeState::PassThroughAfterErrors => "pass-through after cache errors",
             VolumeState::CacheFailed => "cache failed, dirty data at risk",
+            VolumeState::BackingFlushFailed => "backing device failed a flush, FLUSH refused",
         }
     }
 }
@@ -123,6 +120,10 @@ pub struct Volume {
     name: String,
     mode: AtomicU8,
     configured_mode: AtomicU8,
+    /// Held (shared) by every write for its whole duration and (exclusive) by a mode change:
+    /// once a change to a mode that makes no dirty data returns, no write-back write that
+    /// read the old mode is still running, so every dirty line is in the map for the drain.
+    mode_gate: RwLock<()>,
     state: AtomicU8,
     read_only: bool,
     size: u64,
@@ -184,6 +185,7 @@ impl Volume {
             name: slot.name.clone(),
             mode: AtomicU8::new(mode_code(slot.mode)),
             configured_mode: AtomicU8::new(mode_code(slot.mode)),
+            mode_gate: RwLock::new(()),
             state: AtomicU8::new(0),
             read_only: slot.read_only,
             size: slot.backing.size,
@@ -227,14 +229,17 @@ impl Volume {
     /// Serves requests in `mode` from now on. Leaving write-back needs the dirty data written
     /// back first: see `Cache::set_mode`.
     pub(crate) fn set_mode(&self, mode: CacheMode) {
+        let _no_write_running = self.mode_gate.write().unwrap_or_else(|p| p.into_inner());
         self.mode.store(mode_code(mode), Ordering::Release);
         self.configured_mode
             .store(mode_code(mode), Ordering::Release);
     }
 
     /// Serves writes in `mode` for now, the configured mode unchanged (while a mode change
-    /// waits for the dirty data to be written back).
+    /// waits for the dirty data to be written back). Returns once no write that read the old
+    /// mode is still running.
     pub(crate) fn set_serving_mode(&self, mode: CacheMode) {
+        let _no_write_running = self.mode_gate.write().unwrap_or_else(|p| p.into_inner());
         self.mode.store(mode_code(mode), Ordering::Release);
     }
 
@@ -313,7 +318,11 @@ impl Volume {
             bytes_cached: o.sectors * SECTOR_SIZE,
             dirty_lines: o.dirty_lines,
             dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
-            state: self.state(),
+            state: if self.backing().flush_failed() {
+                VolumeState::BackingFlushFailed
+            } else {
+                self.state()
+            },
         }
     }
 
@@ -401,9 +410,10 @@ impl Volume {
 
     fn degrade(&self, state: VolumeState) {
         let code = match state {
-            VolumeState::Healthy => 0,
             VolumeState::PassThroughAfterErrors => 1,
             VolumeState::CacheFailed => 2,
+            // Not states of the cache device (the backing one's is read from it directly).
+            VolumeState::Healthy | VolumeState::BackingFlushFailed => return,
         };
         if self.state.swap(code, Ordering::AcqRel) != code {
             let dirty = self.core.map().occupancy(self.id).dirty_sectors * SECTOR_SIZE;
@@ -666,27 +676,24 @@ impl Volume {
         run: &mut [u8],
         crcs: &[u32],
     ) -> Result<()> {
-        OVERLAY_SCRATCH.with(|scratch| {
-            let mut cached = scratch.borrow_mut();
-            cached.resize_discarding(run.len());
-            let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
-            if let Err(e) = self.core.dev.read_at(&mut cached, from) {
-                // `run` still holds the backing device's copy, right for clean sectors.
-                self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
-                return Ok(());
+        let mut cached = AlignedBuf::zeroed(run.len());
+        let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
+        if let Err(e) = self.core.dev.read_at(&mut cached, from) {
+            // `run` still holds the backing device's copy, right for clean sectors.
+            self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
+            return Ok(());
+        }
+        let sectors = run
+            .chunks_mut(SECTOR_SIZE as usize)
+            .zip(cached.chunks(SECTOR_SIZE as usize));
+        for (i, (out, sector)) in sectors.enumerate() {
+            // A clean sector that fails is dropped: the backing copy in `out` stays.
+            if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
+                out.copy_from_slice(sector);
+                self.count(Counter::BytesFromCache, SECTOR_SIZE);
             }
-            let sectors = run
-                .chunks_mut(SECTOR_SIZE as usize)
-                .zip(cached.chunks(SECTOR_SIZE as usize));
-            for (i, (out, sector)) in sectors.enumerate() {
-                // A clean sector that fails is dropped: the backing copy in `out` stays.
-                if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
-                    out.copy_from_slice(sector);
-                    self.count(Counter::BytesFromCache, SECTOR_SIZE);
-                }
-            }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
@@ -729,19 +736,17 @@ impl Volume {
     /// used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
     fn read_missing_partial_line(&self, seg: &Segment, buf: &mut [u8]) -> Result<()> {
         let whole = self.whole_line(seg.line);
-        let filled = LINE_SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            scratch.resize_discarding(whole.len);
-            self.read_backing(&mut scratch, whole.offset)?;
-            if self.overlay_cached(whole.offset, &mut scratch).is_err() {
-                // Dirty data elsewhere in the line is unreadable: serve just the request.
-                return Ok(false);
-            }
+        // Allocated per miss, not kept per thread: a server runs thousands of worker threads,
+        // and a miss waits for the disk anyway.
+        let mut scratch = AlignedBuf::zeroed(whole.len);
+        self.read_backing(&mut scratch, whole.offset)?;
+        // Dirty data elsewhere in the line that is unreadable: serve just the request.
+        let filled = self.overlay_cached(whole.offset, &mut scratch).is_ok();
+        if filled {
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
             self.fill(&whole, &scratch)?;
-            Ok::<bool, EngineError>(true)
-        })?;
+        }
         if !filled {
             self.read_backing(buf, seg.offset)?;
             self.overlay_cached(seg.offset, buf)?;
@@ -770,24 +775,74 @@ impl Volume {
     /// cache error only drops the line: the backing device has the data. Returns whether the
     /// line was cached already.
     fn fill(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, false)
+    }
+
+    /// Puts data that a write just wrote through to the backing device in the cache: it
+    /// supersedes any dirty sectors of the segment (left by write-back while a mode change
+    /// drains), which become clean with the new data and its checksums.
+    fn put_written_through(&self, seg: &Segment, data: &[u8]) -> Result<bool> {
+        self.put_clean(seg, data, true)
+    }
+
+    fn put_clean(&self, seg: &Segment, data: &[u8], supersedes_dirty: bool) -> Result<bool> {
         let Some((slot, cached)) = self.slot_for(seg)? else {
             return Ok(false); // every line busy or dirty: skip caching this one
         };
-        match self.core.dev.write_at(data, self.slot_offset(slot, seg)) {
-            Ok(()) => {
-                self.count(Counter::BytesToCache, seg.len as u64);
-                let mut crcs = [0u32; MAX_SECTORS];
-                let crcs = sector_crcs(data, &mut crcs);
-                self.core
-                    .with_map(|m| m.set_clean_valid(slot, seg.first_sector, crcs))?;
+        // Sectors the durable metadata may still call dirty keep their bytes: a crash may
+        // bring that record back, and its checksum must still match what the slot holds. A
+        // fill skips those no longer dirty (it rewrites dirty ones with the same bytes); data
+        // written through drops them all from the cache instead (the backing device has it).
+        let keep = {
+            let map = self.core.map();
+            let mut keep = map.recorded_dirty_of(slot);
+            if !supersedes_dirty {
+                let dirty = map.dirty_of(slot).unwrap_or_default();
+                for w in 0..4 {
+                    keep.0[w] &= !dirty.0[w];
+                }
             }
-            Err(e) => {
+            keep
+        };
+        for (run, kept) in split_runs(*seg, |i| keep.get(seg.first_sector + i)) {
+            if !kept {
+                let at = run.buf_at - seg.buf_at;
+                self.put_clean_run(slot, &run, &data[at..at + run.len], supersedes_dirty)?;
+            } else if supersedes_dirty {
                 self.core
-                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
-                self.cache_failed(e);
+                    .with_map(|m| m.invalidate_slot(slot, run.first_sector, run.sectors))?;
             }
         }
         Ok(cached)
+    }
+
+    fn put_clean_run(
+        &self,
+        slot: u32,
+        run: &Segment,
+        data: &[u8],
+        supersedes_dirty: bool,
+    ) -> Result<()> {
+        match self.core.dev.write_at(data, self.slot_offset(slot, run)) {
+            Ok(()) => {
+                self.count(Counter::BytesToCache, run.len as u64);
+                let mut crcs = [0u32; MAX_SECTORS];
+                let crcs = sector_crcs(data, &mut crcs);
+                self.core.with_map(|m| {
+                    if supersedes_dirty {
+                        m.set_written_through(slot, run.first_sector, crcs)
+                    } else {
+                        m.set_clean_valid(slot, run.first_sector, crcs)
+                    }
+                })
+            }
+            Err(e) => {
+                self.core
+                    .with_map(|m| m.invalidate_slot(slot, run.first_sector, run.sectors))?;
+                self.cache_failed(e);
+                Ok(())
+            }
+        }
     }
 
     /// The slot caching a segment's line, allocated if needed, and whether the line was cached
@@ -829,6 +884,7 @@ impl Volume {
         if length == 0 {
             return Ok(());
         }
+        let _mode_fixed = self.mode_gate.read().unwrap_or_else(|p| p.into_inner());
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         let mode = self.mode();
@@ -838,7 +894,15 @@ impl Volume {
         }
         match mode {
             CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
-                self.write_through(offset, data, fua)
+                self.write_through(offset, data, fua)?;
+                drop(held);
+                if fua && self.needs_commit() {
+                    // The write may have superseded dirty sectors (while a mode change drains
+                    // them): the journal must say so before the write counts as durable, or
+                    // recovery would bring the old data back.
+                    self.commit()?;
+                }
+                Ok(())
             }
             CacheMode::WriteBack if !bypass && self.caches_writes_back() => {
                 self.write_back(offset, data)?;
@@ -851,7 +915,7 @@ impl Volume {
             _ => {
                 self.write_around(offset, data, fua)?;
                 drop(held);
-                if fua && self.dirty_possible() {
+                if fua && self.needs_commit() {
                     // The write may have superseded dirty data: the journal must say so before
                     // the write counts as durable, or recovery would bring the old data back.
                     self.commit()?;
@@ -861,6 +925,18 @@ impl Volume {
         }
     }
 
+    /// Whether a FLUSH or FUA must run a commit: the cache may hold dirty data, or a change to
+    /// it waits to be recorded. When neither shows, a commit another thread runs may still be
+    /// recording a change this request depends on (it took the change from the list): wait for
+    /// it to end, then look again (a failed one puts its changes back).
+    fn needs_commit(&self) -> bool {
+        if self.dirty_possible() {
+            return true;
+        }
+        self.core.wait_for_commit_in_flight();
+        self.dirty_possible()
+    }
+
     fn dirty_possible(&self) -> bool {
         self.configured_mode() == CacheMode::WriteBack || {
             let map = self.core.map();
@@ -868,32 +944,16 @@ impl Volume {
         }
     }
 
-    /// Commits the journal. After a failed commit the dirty data in the cache may not be
-    /// durable: every flush fails while any of it is left, and the volume stops caching new
-    /// writes (they go to the backing device) until the cleaner has written it all back.
+    /// Commits the journal for a FLUSH or FUA. After a failed commit the dirty data in the
+    /// cache may not be durable: every such commit fails while any of it is left (checked by
+    /// the commit under the journal lock), and the volume stops caching new writes (they go to
+    /// the backing device) until the cleaner has written it all back.
     fn commit(&self) -> Result<()> {
-        // Cache-wide: the failed commit may have carried any volume's records.
-        if self.core.journal.failed() && self.core.map().total_dirty_lines() > 0 {
-            return Err(EngineError::CacheDevice {
-                device: self.core.dev.describe(),
-                source: std::io::Error::other(
-                    "an earlier metadata commit failed; dirty data in the cache may not be \
-                     durable until it is written back",
-                ),
-            });
+        let result = self.core.commit(CommitPurpose::Durability);
+        if let Err(EngineError::CacheDevice { source, .. }) = &result {
+            self.cache_failed(std::io::Error::new(source.kind(), source.to_string()));
         }
-        match self.core.commit() {
-            Ok(()) => {
-                self.core.journal.clear_failed();
-                Ok(())
-            }
-            Err(e) => {
-                if let EngineError::CacheDevice { source, .. } = &e {
-                    self.cache_failed(std::io::Error::new(source.kind(), source.to_string()));
-                }
-                Err(e)
-            }
-        }
+        result
     }
 
     /// To the backing device only; cached copies of the range are dropped after the write
@@ -918,7 +978,7 @@ impl Volume {
             // A line not admitted stays out of the cache: the write went around it (the line
             // has no cached copy to drop).
             if self.admits(&seg) {
-                hit |= self.fill(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
+                hit |= self.put_written_through(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
             }
         }
         if hit {
@@ -931,36 +991,25 @@ impl Volume {
     /// line admission keeps out, that gets no line (the cache is full of dirty data) or whose
     /// cache write fails goes to the backing device instead (as write-around: the FLUSH or
     /// FUA that follows flushes the backing device too).
+    ///
+    /// Sectors of zeroes go to the backing device too: after an unclean stop a dirty sector
+    /// that reads as zeroes but whose recorded checksum says otherwise is taken for a lost
+    /// cache region (docs/design.md §4.8), so a zero sector must never be written in place
+    /// of dirty data the journal may still name.
     fn write_back(&self, offset: u64, data: &[u8]) -> Result<()> {
         let mut hit = false;
         let now = self.core.now_secs();
         for seg in self.segments(offset, data.len() as u64) {
-            let part = &data[seg.buf_at..seg.buf_at + seg.len];
             if !self.admits(&seg) {
-                self.write_around(seg.offset, part, false)?;
+                self.write_around(seg.offset, &data[seg.buf_at..seg.buf_at + seg.len], false)?;
                 continue;
             }
-            let Some((slot, cached)) = self.slot_for(&seg)? else {
-                self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
-                self.write_around(seg.offset, part, false)?;
-                continue;
-            };
-            hit |= cached;
-            match self.core.dev.write_at(part, self.slot_offset(slot, &seg)) {
-                Ok(()) => {
-                    self.count(Counter::BytesToCache, seg.len as u64);
-                    let mut crcs = [0u32; MAX_SECTORS];
-                    let crcs = sector_crcs(part, &mut crcs);
-                    self.core
-                        .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
-                }
-                Err(e) => {
-                    // What the slot now holds for these sectors is unknown; the new data goes
-                    // to the backing device and supersedes any older dirty copy.
-                    self.cache_failed(e);
-                    self.write_backing(part, seg.offset, false)?;
-                    self.core
-                        .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
+            for (run, zeroes) in sector_runs(seg, data) {
+                let part = &data[run.buf_at..run.buf_at + run.len];
+                if zeroes {
+                    self.write_around(run.offset, part, false)?;
+                } else {
+                    hit |= self.write_back_segment(&run, part, now)?;
                 }
             }
         }
@@ -974,13 +1023,41 @@ impl Volume {
         Ok(())
     }
 
+    /// Writes one segment into its cache line, marked dirty. Returns whether the line was
+    /// cached already.
+    fn write_back_segment(&self, seg: &Segment, part: &[u8], now: u32) -> Result<bool> {
+        let Some((slot, cached)) = self.slot_for(seg)? else {
+            self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
+            self.write_around(seg.offset, part, false)?;
+            return Ok(false);
+        };
+        match self.core.dev.write_at(part, self.slot_offset(slot, seg)) {
+            Ok(()) => {
+                self.count(Counter::BytesToCache, seg.len as u64);
+                let mut crcs = [0u32; MAX_SECTORS];
+                let crcs = sector_crcs(part, &mut crcs);
+                self.core
+                    .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
+            }
+            Err(e) => {
+                // What the slot now holds for these sectors is unknown; the new data goes
+                // to the backing device and supersedes any older dirty copy.
+                self.cache_failed(e);
+                self.write_backing(part, seg.offset, false)?;
+                self.core
+                    .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
+            }
+        }
+        Ok(cached)
+    }
+
     /// Makes every completed write durable: the backing device flushed and, when the cache
     /// may hold dirty data, the journal committed.
     pub fn flush(&self) -> Result<()> {
         self.core.check_running()?;
         self.count(Counter::Flushes, 1);
         self.flush_backing()?;
-        if self.dirty_possible() {
+        if self.needs_commit() {
             self.commit()?;
         }
         Ok(())
@@ -1037,11 +1114,15 @@ impl Volume {
         {
             return Ok(());
         }
-        const CHUNK: u64 = 1 << 20;
-        let mut buf = AlignedBuf::zeroed(CHUNK as usize);
+        // One line at a time, into a buffer of at most one line: a CACHE request carries no
+        // payload, so the server's request-memory limit does not see what it holds here
+        // (design.md §6.1 counts it with the read misses).
+        let line_size = self.core.layout.line_size;
+        let end = offset + length;
+        let mut buf = AlignedBuf::zeroed(length.min(line_size) as usize);
         let mut pos = offset;
-        while pos < offset + length {
-            let n = (offset + length - pos).min(CHUNK);
+        while pos < end {
+            let n = (end - pos).min(line_size - pos % line_size);
             let (first, last) = self.line_range(pos, n);
             let _held = self.core.locks.lock_range(self.id, first, last);
             // The client asked for this data to be cached: admission does not apply.
@@ -1057,6 +1138,43 @@ const COMMIT_BATCH: usize = 4096;
 
 /// Sectors in the largest line (1 MiB), for per-segment arrays on the stack.
 const MAX_SECTORS: usize = (ssdcache_format::MAX_LINE_SIZE / SECTOR_SIZE) as usize;
+
+/// Splits a segment into runs of whole sectors that are all zeroes in `data` (the request's
+/// buffer) and runs that are not: `(run, zeroes)`.
+fn sector_runs(seg: Segment, data: &[u8]) -> impl Iterator<Item = (Segment, bool)> + '_ {
+    let sector = SECTOR_SIZE as usize;
+    split_runs(seg, move |i| {
+        let at = seg.buf_at + i * sector;
+        data[at..at + sector].iter().all(|&b| b == 0)
+    })
+}
+
+/// Splits a segment into runs of consecutive sectors for which `pred` (given the sector's
+/// index in the segment) is the same: `(run, pred)`.
+fn split_runs(seg: Segment, pred: impl Fn(usize) -> bool) -> impl Iterator<Item = (Segment, bool)> {
+    let sector = SECTOR_SIZE as usize;
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= seg.sectors {
+            return None;
+        }
+        let value = pred(i);
+        let end = (i + 1..seg.sectors)
+            .find(|&j| pred(j) != value)
+            .unwrap_or(seg.sectors);
+        let run = Segment {
+            line: seg.line,
+            offset: seg.offset + (i * sector) as u64,
+            buf_at: seg.buf_at + i * sector,
+            len: (end - i) * sector,
+            first_sector: seg.first_sector + i,
+            sectors: end - i,
+            in_line: seg.in_line + (i * sector) as u64,
+        };
+        i = end;
+        Some((run, value))
+    })
+}
 
 /// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
 pub(crate) fn sector_crcs<'a>(data: &[u8], out: &'a mut [u32; MAX_SECTORS]) -> &'a [u32] {

@@ -42,11 +42,43 @@ pub enum LayoutError {
     TooSmall { size: u64, min: u64, lines: u64 },
     #[error("{lines} lines of {line_size} bytes are more than one cache can index; use a larger --line-size")]
     TooManyLines { lines: u64, line_size: u64 },
+    #[error(
+        "a journal of {blocks} blocks is too small: write-back needs room for two compactions \
+         and one more block ({needed} blocks for this cache)"
+    )]
+    JournalTooSmall { blocks: u64, needed: u64 },
 }
 
 impl Layout {
     /// Lays out a cache of `cache_size` bytes with lines of `line_size` bytes.
     pub fn compute(cache_size: u64, line_size: u64) -> Result<Layout, LayoutError> {
+        Self::compute_with(cache_size, line_size, None)
+    }
+
+    /// Like [`compute`](Self::compute), with a journal of exactly `journal_blocks` 4 KiB
+    /// blocks: for tests, which need compactions to run often. Refuses a journal smaller than
+    /// write-back needs (two compactions and one block).
+    pub fn with_journal_blocks(
+        cache_size: u64,
+        line_size: u64,
+        journal_blocks: u64,
+    ) -> Result<Layout, LayoutError> {
+        let layout = Self::compute_with(cache_size, line_size, Some(journal_blocks))?;
+        let needed = 2 * layout.compaction_blocks() + 1;
+        if journal_blocks < needed {
+            return Err(LayoutError::JournalTooSmall {
+                blocks: journal_blocks,
+                needed,
+            });
+        }
+        Ok(layout)
+    }
+
+    fn compute_with(
+        cache_size: u64,
+        line_size: u64,
+        journal_blocks: Option<u64>,
+    ) -> Result<Layout, LayoutError> {
         if !cache_size.is_multiple_of(SECTOR_SIZE) {
             return Err(LayoutError::Unaligned(cache_size));
         }
@@ -64,7 +96,7 @@ impl Layout {
         // Overhead shrinks as the line count shrinks, so this converges from above.
         let mut lines = cache_size / line_size;
         loop {
-            let layout = Self::with_lines(cache_size, line_size, lines);
+            let layout = Self::with_lines(cache_size, line_size, lines, journal_blocks);
             let room = cache_size.saturating_sub(layout.data_offset) / line_size;
             if room >= lines {
                 if lines < MIN_LINE_COUNT {
@@ -79,17 +111,25 @@ impl Layout {
         }
     }
 
-    fn with_lines(cache_size: u64, line_size: u64, line_count: u64) -> Layout {
+    fn with_lines(
+        cache_size: u64,
+        line_size: u64,
+        line_count: u64,
+        fixed_journal_blocks: Option<u64>,
+    ) -> Layout {
         let per_page = MetaPage::records_per_page(line_size);
         let pages = line_count.div_ceil(per_page);
         let meta_len = align_up((pages * SECTOR_SIZE).max(SECTOR_SIZE), REGION_ALIGN);
         let journal_offset = META_OFFSET + meta_len;
         let compaction = line_count.div_ceil(journal_entries_per_block(line_size) as u64);
         let journal_blocks = 2 * compaction + (compaction / 2).max(256);
-        let journal_len = align_up(
-            (journal_blocks * SECTOR_SIZE).max(MIN_JOURNAL),
-            REGION_ALIGN,
-        );
+        let journal_len = match fixed_journal_blocks {
+            Some(blocks) => blocks * SECTOR_SIZE,
+            None => align_up(
+                (journal_blocks * SECTOR_SIZE).max(MIN_JOURNAL),
+                REGION_ALIGN,
+            ),
+        };
         let data_offset = align_up(journal_offset + journal_len, line_size.max(REGION_ALIGN));
         Layout {
             cache_size,
@@ -205,6 +245,22 @@ mod tests {
         // Checkpoint (0.15%: 96-byte records, a third of them sector checksums) plus a journal
         // with room for two compactions (0.4%).
         assert!(overhead < 0.006, "overhead {overhead}");
+    }
+
+    #[test]
+    fn a_fixed_journal_has_exactly_its_blocks_and_room_for_two_compactions() {
+        let l = Layout::with_journal_blocks(16 << 20, 65536, 9).expect("layout");
+        assert!(l.is_consistent(), "{l:?}");
+        assert_eq!(l.journal_blocks(), 9);
+        assert!(l.line_count > Layout::compute(16 << 20, 65536).expect("layout").line_count);
+        let needed = 2 * l.compaction_blocks() + 1;
+        assert_eq!(
+            Layout::with_journal_blocks(16 << 20, 65536, needed - 1),
+            Err(LayoutError::JournalTooSmall {
+                blocks: needed - 1,
+                needed
+            })
+        );
     }
 
     #[test]

@@ -32,6 +32,10 @@ impl SectorBitmap {
 /// Volume id of a free line record.
 pub const FREE_VOLUME: u16 = u16::MAX;
 
+/// Record flag: the checksums of the line's dirty sectors came from a journal replay after an
+/// unclean stop and may predate a write that landed before it (docs/design.md §4.8).
+pub const RECORD_UNVERIFIED: u16 = 1;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineRecord {
     /// Volume slot index, or `FREE_VOLUME`.

@@ -1,27 +1,32 @@
 //! One client connection: handshake I/O, then the transmission workers.
 //!
 //! Thread model (nbdkit's "parallel"): N workers share the connection. Each
-//! loops { lock the reader, read one request (and its write payload) into
-//! its own aligned buffer, unlock; call the backend; lock the writer, send
-//! the reply, unlock }. No queue or hand-off between threads, no per-request
-//! allocation, and replies go out in completion order.
+//! loops { lock the reader, read one request header (and a write's payload,
+//! into a buffer leased from the server's pool), unlock; call the backend (a
+//! read leases its buffer here); lock the writer, send the reply, unlock;
+//! give the buffer back }. No queue or hand-off between threads, and replies
+//! go out in completion order.
+//!
+//! Time limits: the wait for a request's first byte is bounded only by the
+//! idle timeout, and only while no reply is owed; the rest of the request
+//! and every reply are bounded by the I/O timeout.
 
-use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::io::{self, BufRead, BufReader, IoSlice, Read};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use crate::buffers::{ConnectionMemory, Lease};
 use crate::handshake::{CloseReason, Handshake, HandshakeOutcome};
 use crate::proto::{
     simple_reply_header, validate_request, Command, Errno, ProtocolError, RequestHeader,
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
-use crate::server::{lock, NbdStream, Registration, ServerExport, Shared};
-use ssdcache_device::AlignedBuf;
+use crate::server::{lock, NbdStream, Registration, ServerExport, Shared, DATALESS_CHUNK_BYTES};
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
 /// (and small writes) per syscall.
@@ -44,6 +49,14 @@ pub enum ConnectionError {
     },
     #[error("{peer}: client disconnected in the middle of a request")]
     Truncated { peer: String },
+    #[error("{peer}: {what} took longer than the I/O timeout ({limit:?}); connection closed")]
+    TimedOut {
+        peer: String,
+        what: &'static str,
+        limit: Duration,
+    },
+    #[error("{peer}: {limit} connections are open, the server's limit; connection closed")]
+    TooManyConnections { peer: String, limit: usize },
     #[error("{peer}: {context}: {source}")]
     Io {
         peer: String,
@@ -83,14 +96,20 @@ pub(crate) fn serve<S: NbdStream>(
     let peer = stream.peer_label();
     info!(%peer, "NBD connection opened");
     let result = run(shared, stream, start, &peer);
+    // Free the connection's place before saying so: a client that reads the
+    // log line and reconnects must find it free.
+    drop(registration);
     match &result {
         Ok(()) => info!(%peer, "NBD connection closed"),
-        Err(error @ (ConnectionError::Handshake { .. } | ConnectionError::Protocol { .. })) => {
-            warn!(%error, "NBD connection closed after a protocol error");
+        Err(
+            error @ (ConnectionError::Handshake { .. }
+            | ConnectionError::Protocol { .. }
+            | ConnectionError::TimedOut { .. }),
+        ) => {
+            warn!(%error, "NBD connection closed");
         }
         Err(error) => info!(%error, "NBD connection closed"),
     }
-    drop(registration);
     result
 }
 
@@ -124,9 +143,10 @@ fn transmit<S: NbdStream>(
     peer: &str,
 ) -> Result<(), ConnectionError> {
     let io_error = |context| move |source| ConnectionError::io(peer.to_owned(), context, source);
+    let config = &shared.config;
     stream
-        .set_stream_timeouts(None)
-        .map_err(io_error("clearing handshake timeouts"))?;
+        .set_write_timeout_stream(Some(config.io_timeout))
+        .map_err(io_error("setting the reply timeout"))?;
     let writer = stream
         .try_clone_stream()
         .map_err(io_error("cloning socket"))?;
@@ -134,16 +154,20 @@ fn transmit<S: NbdStream>(
         .try_clone_stream()
         .map_err(io_error("cloning socket"))?;
     let connection = Connection {
-        reader: Mutex::new(BufReader::with_capacity(READ_BUFFER_BYTES, stream)),
+        input: Mutex::new(Input::new(stream)),
         writer: Mutex::new(writer),
         control,
         closed: AtomicBool::new(false),
+        aborted: AtomicBool::new(false),
+        activity: Activity::new(),
+        first_error: Mutex::new(None),
+        memory: ConnectionMemory::new(config.connection_buffer_memory),
         export,
-        max_payload: shared.config.max_request.min(export.info.max_block),
+        max_payload: config.max_request.min(export.info.max_block),
         shared,
         peer,
     };
-    let result = connection.run_workers(shared.config.threads_per_connection);
+    let result = connection.run_workers(config.threads_per_connection);
     // Closing explicitly (rather than when the last clone drops) makes the
     // client see EOF right after the final reply.
     let _ = connection.control.shutdown_stream(Shutdown::Both);
@@ -198,8 +222,10 @@ fn set_remaining_timeout<S: NbdStream>(
         let source = io::Error::new(io::ErrorKind::TimedOut, "handshake time limit reached");
         return Err(ConnectionError::io(peer.to_owned(), "handshake", source));
     }
+    let timeout = Some(remaining.max(Duration::from_millis(1)));
     stream
-        .set_stream_timeouts(Some(remaining.max(Duration::from_millis(1))))
+        .set_read_timeout_stream(timeout)
+        .and_then(|()| stream.set_write_timeout_stream(timeout))
         .map_err(|source| ConnectionError::io(peer.to_owned(), "setting timeouts", source))
 }
 
@@ -219,21 +245,184 @@ fn read_some(stream: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// How a socket read or write with a time limit failed.
+enum IoFailure {
+    /// The client closed its side before all bytes arrived.
+    Eof,
+    TimedOut,
+    Io(io::Error),
+}
+
+impl From<io::Error> for IoFailure {
+    fn from(error: io::Error) -> Self {
+        match error.kind() {
+            // SO_RCVTIMEO and SO_SNDTIMEO expire with EAGAIN.
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => IoFailure::TimedOut,
+            _ => IoFailure::Io(error),
+        }
+    }
+}
+
+/// What is left until `deadline`, rounded up to whole milliseconds (so a
+/// fresh deadline gives back the same value and the socket option is not set
+/// again), or `TimedOut` once it passed.
+fn remaining(deadline: Instant) -> Result<Duration, IoFailure> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(IoFailure::TimedOut);
+    }
+    let millis = left.as_nanos().div_ceil(1_000_000);
+    Ok(Duration::from_millis(
+        u64::try_from(millis).unwrap_or(u64::MAX),
+    ))
+}
+
+/// The read side of a connection: a buffered reader that remembers its
+/// socket's read timeout, so the option is set only when a read will
+/// really wait and the value changes.
+struct Input<S: NbdStream> {
+    reader: BufReader<S>,
+    /// The read timeout on the socket; `None` until first set here.
+    timeout: Option<Option<Duration>>,
+}
+
+impl<S: NbdStream> Input<S> {
+    fn new(stream: S) -> Self {
+        Input {
+            reader: BufReader::with_capacity(READ_BUFFER_BYTES, stream),
+            timeout: None,
+        }
+    }
+
+    /// Sets the timeout of the next socket read, if one is needed.
+    fn before_read(&mut self, timeout: Option<Duration>) -> Result<(), IoFailure> {
+        if self.reader.buffer().is_empty() && self.timeout != Some(timeout) {
+            self.reader
+                .get_ref()
+                .set_read_timeout_stream(timeout)
+                .map_err(IoFailure::Io)?;
+            self.timeout = Some(timeout);
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` (`None`: without limit) for a byte; false on EOF.
+    fn wait_readable(&mut self, timeout: Option<Duration>) -> Result<bool, IoFailure> {
+        self.before_read(timeout)?;
+        loop {
+            match self.reader.fill_buf() {
+                Ok(bytes) => return Ok(!bytes.is_empty()),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Fills `buf` completely by `deadline`.
+    fn read_exact_by(&mut self, mut buf: &mut [u8], deadline: Instant) -> Result<(), IoFailure> {
+        while !buf.is_empty() {
+            self.before_read(Some(remaining(deadline)?))?;
+            match self.reader.read(buf) {
+                Ok(0) => return Err(IoFailure::Eof),
+                Ok(n) => buf = &mut buf[n..],
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `len` bytes by `deadline`, without a buffer of that size.
+    fn discard_by(&mut self, mut len: u64, deadline: Instant) -> Result<(), IoFailure> {
+        while len > 0 {
+            self.before_read(Some(remaining(deadline)?))?;
+            let available = match self.reader.fill_buf() {
+                Ok([]) => return Err(IoFailure::Eof),
+                Ok(bytes) => bytes.len(),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(error.into()),
+            };
+            let taken = len.min(available as u64);
+            self.reader.consume(taken as usize);
+            len -= taken;
+        }
+        Ok(())
+    }
+}
+
+/// What the idle timeout looks at: replies owed, and when the last one was
+/// sent.
+struct Activity {
+    epoch: Instant,
+    /// Requests read and not yet answered.
+    in_flight: AtomicUsize,
+    /// When the last request was answered, in milliseconds since `epoch`.
+    last_answer_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            epoch: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_answer_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// How long no reply has been owed; `None` while one is.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let last = Duration::from_millis(self.last_answer_ms.load(Ordering::SeqCst));
+        Some(self.epoch.elapsed().saturating_sub(last))
+    }
+}
+
+/// Counts a request as read and not yet answered until dropped.
+struct InFlight<'c>(&'c Activity);
+
+impl<'c> InFlight<'c> {
+    fn enter(activity: &'c Activity) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(activity)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let now = u64::try_from(self.0.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_answer_ms.fetch_max(now, Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A request read off the wire, with the verdict of validation (a write's
 /// payload is consumed either way).
-struct Request {
+struct Request<'c> {
     header: RequestHeader,
     verdict: Result<(), Errno>,
+    /// A write's payload, or a read's data once leased.
+    buffer: Option<Lease<'c>>,
+    _in_flight: InFlight<'c>,
 }
 
 /// State shared by the workers of one connection in transmission.
-struct Connection<'a, S> {
-    reader: Mutex<BufReader<S>>,
+struct Connection<'a, S: NbdStream> {
+    input: Mutex<Input<S>>,
     writer: Mutex<S>,
     /// Lock-free handle used to shut the socket down from any thread.
     control: S,
     /// Set when no further request may be read (DISC, EOF, error, shutdown).
     closed: AtomicBool,
+    /// Set when the socket was shut down after an error: requests still in
+    /// flight stop as early as they can.
+    aborted: AtomicBool,
+    /// Replies owed and the time of the last one, for the idle timeout.
+    activity: Activity,
+    /// The first error a worker hit: what the connection ends with.
+    first_error: Mutex<Option<ConnectionError>>,
+    memory: ConnectionMemory,
     export: &'a ServerExport,
     max_payload: u32,
     shared: &'a Shared,
@@ -258,58 +447,64 @@ impl<S: NbdStream> Connection<'_, S> {
                     }
                 }
             }
-            let mut first_error = self.worker().err();
+            self.worker();
             for helper in helpers {
-                match helper.join() {
-                    Ok(Err(error)) => {
-                        first_error.get_or_insert(error);
-                    }
-                    Ok(Ok(())) => {}
-                    Err(panic) => std::panic::resume_unwind(panic),
+                if let Err(panic) = helper.join() {
+                    std::panic::resume_unwind(panic);
                 }
             }
-            first_error.map_or(Ok(()), Err)
-        })
+        });
+        lock(&self.first_error).take().map_or(Ok(()), Err)
     }
 
-    fn worker(&self) -> Result<(), ConnectionError> {
+    fn worker(&self) {
         let _abort_on_panic = AbortOnPanic(self);
-        let mut buf = AlignedBuf::try_zeroed(0).ok_or_else(|| self.out_of_memory())?;
         loop {
-            let Some(request) = self.next_request(&mut buf)? else {
-                return Ok(());
+            let mut request = match self.next_request() {
+                Ok(Some(request)) => request,
+                Ok(None) => return,
+                Err(error) => return self.record(error),
             };
-            let outcome = self.execute(&request, &mut buf);
+            let outcome = self.execute(&mut request);
             if let Err(errno) = outcome {
                 debug!(peer = %self.peer, header = ?request.header, %errno, "request failed");
             }
-            self.send_reply(&request.header, outcome, &buf)?;
+            if request.header.command == Command::Write {
+                // The payload's memory is free again before the reply waits for the writer.
+                request.buffer = None;
+            }
+            if let Err(error) = self.send_reply(&request, outcome) {
+                // Recorded before the abort, so the errors the abort causes in other
+                // workers do not hide the cause.
+                self.record(error);
+                return self.abort();
+            }
         }
+    }
+
+    /// Keeps the first error of the connection (what it ends with).
+    fn record(&self, error: ConnectionError) {
+        lock(&self.first_error).get_or_insert(error);
     }
 
     /// Reads the next request under the reader lock, or `None` when this
     /// connection should read no more.
-    fn next_request(&self, buf: &mut AlignedBuf) -> Result<Option<Request>, ConnectionError> {
-        let mut reader = lock(&self.reader);
+    fn next_request(&self) -> Result<Option<Request<'_>>, ConnectionError> {
+        let mut input = lock(&self.input);
         if self.closed.load(Ordering::SeqCst) || self.shared.is_shutting_down() {
             self.closed.store(true, Ordering::SeqCst);
             return Ok(None);
         }
-        let result = self.read_request(&mut reader, buf);
+        let result = self.read_request(&mut input);
         if !matches!(result, Ok(Some(_))) {
             self.closed.store(true, Ordering::SeqCst);
         }
         result
     }
 
-    fn read_request(
-        &self,
-        input: &mut BufReader<S>,
-        buf: &mut AlignedBuf,
-    ) -> Result<Option<Request>, ConnectionError> {
+    fn read_request(&self, input: &mut Input<S>) -> Result<Option<Request<'_>>, ConnectionError> {
         let mut raw = [0u8; REQUEST_HEADER_LEN];
         if !self.read_header(input, &mut raw)? {
-            debug!(peer = %self.peer, "client closed the connection");
             return Ok(None);
         }
         let header = RequestHeader::parse(&raw).map_err(|source| ConnectionError::Protocol {
@@ -320,65 +515,124 @@ impl<S: NbdStream> Connection<'_, S> {
             debug!(peer = %self.peer, "client sent NBD_CMD_DISC");
             return Ok(None);
         }
-        let mut verdict = validate_request(&header, &self.export.info, self.max_payload);
+        let mut request = Request {
+            header,
+            verdict: validate_request(&header, &self.export.info, self.max_payload),
+            buffer: None,
+            _in_flight: InFlight::enter(&self.activity),
+        };
         if header.has_payload() {
-            verdict = self.read_payload(input, &header, verdict, buf)?;
+            self.read_payload(input, &mut request)?;
         }
-        Ok(Some(Request { header, verdict }))
+        Ok(Some(request))
     }
 
-    /// Fills `raw`; false on EOF before the first byte (a clean close).
+    /// Fills `raw`; false on EOF before the first byte (a clean close) or
+    /// when the connection stayed idle too long.
     fn read_header(
         &self,
-        input: &mut BufReader<S>,
+        input: &mut Input<S>,
         raw: &mut [u8; REQUEST_HEADER_LEN],
     ) -> Result<bool, ConnectionError> {
-        let mut filled = 0;
-        while filled < raw.len() {
-            match input.read(&mut raw[filled..]) {
-                Ok(0) if filled == 0 => return Ok(false),
-                Ok(0) => return Err(self.truncated()),
-                Ok(n) => filled += n,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(self.io_error("reading request", error)),
-            }
+        if !self.wait_for_request(input)? {
+            return Ok(false);
         }
+        let deadline = Instant::now() + self.shared.config.io_timeout;
+        input
+            .read_exact_by(raw, deadline)
+            .map_err(|failure| self.read_failure(failure, "receiving a request header"))?;
         Ok(true)
     }
 
-    /// Reads a write payload into `buf` if the request is valid, otherwise
-    /// streams it into the void so the next header is found where expected.
-    fn read_payload(
-        &self,
-        input: &mut BufReader<S>,
-        header: &RequestHeader,
-        mut verdict: Result<(), Errno>,
-        buf: &mut AlignedBuf,
-    ) -> Result<Result<(), Errno>, ConnectionError> {
-        if verdict.is_ok() {
-            match prefix_mut(buf, header.length as usize) {
-                Ok(destination) => {
-                    input
-                        .read_exact(destination)
-                        .map_err(|e| self.payload_error(e))?;
-                    return Ok(verdict);
+    /// Waits for the first byte of the next request: false on EOF, or when
+    /// no reply has been owed for the idle timeout.
+    fn wait_for_request(&self, input: &mut Input<S>) -> Result<bool, ConnectionError> {
+        let idle_limit = self.shared.config.idle_timeout;
+        let mut wait = idle_limit;
+        loop {
+            match input.wait_readable(wait) {
+                Ok(true) => return Ok(true),
+                Ok(false) | Err(IoFailure::Eof) => {
+                    debug!(peer = %self.peer, "client closed the connection");
+                    return Ok(false);
                 }
-                Err(errno) => verdict = Err(errno),
+                Err(IoFailure::TimedOut) => {
+                    let Some(limit) = idle_limit else {
+                        continue;
+                    };
+                    match self.activity.idle_for() {
+                        Some(idle) if idle >= limit => {
+                            info!(peer = %self.peer, ?limit, "closing an idle connection (idle timeout)");
+                            return Ok(false);
+                        }
+                        // Idle for part of the limit: wait out the rest.
+                        Some(idle) => wait = Some((limit - idle).max(Duration::from_millis(1))),
+                        // A reply is owed: the client waits for us, it is not idle.
+                        None => wait = Some(limit),
+                    }
+                }
+                Err(IoFailure::Io(error)) => return Err(self.io_error("reading request", error)),
             }
         }
-        let length = u64::from(header.length);
-        // io::copy uses a fixed stack buffer: no allocation of `length` bytes.
-        let discarded = io::copy(&mut input.by_ref().take(length), &mut io::sink())
-            .map_err(|e| self.payload_error(e))?;
-        if discarded < length {
-            return Err(self.truncated());
-        }
-        Ok(verdict)
     }
 
-    fn execute(&self, request: &Request, buf: &mut AlignedBuf) -> Result<(), Errno> {
+    /// Reads a write payload into a leased buffer if the request is valid and
+    /// memory can be had, otherwise streams it into the void so the next
+    /// header is found where expected.
+    fn read_payload<'c>(
+        &'c self,
+        input: &mut Input<S>,
+        request: &mut Request<'c>,
+    ) -> Result<(), ConnectionError> {
+        let length = request.header.length;
+        if request.verdict.is_ok() {
+            match self.lease(length as usize) {
+                Ok(mut buffer) => {
+                    let deadline = Instant::now() + self.shared.config.io_timeout;
+                    input
+                        .read_exact_by(&mut buffer, deadline)
+                        .map_err(|failure| self.read_failure(failure, "receiving a write"))?;
+                    request.buffer = Some(buffer);
+                    return Ok(());
+                }
+                Err(errno) => request.verdict = Err(errno),
+            }
+        }
+        let deadline = Instant::now() + self.shared.config.io_timeout;
+        input
+            .discard_by(u64::from(length), deadline)
+            .map_err(|failure| self.read_failure(failure, "receiving a write"))
+    }
+
+    /// A buffer for one request, waiting (bounded) for memory other requests
+    /// hold.
+    fn lease(&self, len: usize) -> Result<Lease<'_>, Errno> {
+        let deadline = Instant::now() + self.shared.config.buffer_wait;
+        let give_up = || self.stopping_early();
+        let leased = self
+            .shared
+            .buffers
+            .take(&self.memory, len, deadline, &give_up);
+        if leased.as_ref().err() == Some(&Errno::NoMem) {
+            warn!(
+                peer = %self.peer,
+                len,
+                "no request memory free within {:?}: answering ENOMEM",
+                self.shared.config.buffer_wait
+            );
+        }
+        leased
+    }
+
+    /// True once requests in flight should end as soon as they can: the
+    /// connection was aborted or the server closes every connection.
+    fn stopping_early(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst) || self.shared.is_force_closed()
+    }
+
+    fn execute<'c>(&'c self, request: &mut Request<'c>) -> Result<(), Errno> {
         request.verdict?;
-        let header = &request.header;
+        let header = request.header;
         if header.length == 0 && header.command != Command::Flush {
             return Ok(());
         }
@@ -386,68 +640,125 @@ impl<S: NbdStream> Connection<'_, S> {
         let (offset, length) = (header.offset, u64::from(header.length));
         let fua = header.flags & NBD_CMD_FLAG_FUA != 0;
         match header.command {
-            Command::Read => backend.read(offset, prefix_mut(buf, header.length as usize)?),
-            Command::Write => backend.write(offset, prefix(buf, header.length as usize), fua),
-            Command::Flush => backend.flush(),
-            Command::Trim => backend.trim(offset, length, fua),
+            Command::Read => {
+                let buffer = request.buffer.insert(self.lease(header.length as usize)?);
+                let _inside = self.shared.enter_backend()?;
+                backend.read(offset, buffer)
+            }
+            Command::Write => {
+                // A valid write always has its payload; this keeps the match total.
+                let Some(data) = request.buffer.as_deref() else {
+                    return Err(Errno::Invalid);
+                };
+                let _inside = self.shared.enter_backend()?;
+                backend.write(offset, data, fua)
+            }
+            Command::Flush => {
+                let _inside = self.shared.enter_backend()?;
+                backend.flush()
+            }
+            Command::Trim => self.in_pieces(offset, length, fua, |o, l, f| backend.trim(o, l, f)),
             Command::WriteZeroes => {
                 let may_trim = header.flags & NBD_CMD_FLAG_NO_HOLE == 0;
-                backend.write_zeroes(offset, length, fua, may_trim)
+                self.in_pieces(offset, length, fua, |o, l, f| {
+                    backend.write_zeroes(o, l, f, may_trim)
+                })
             }
-            Command::Cache => backend.cache(offset, length),
+            Command::Cache => self.in_pieces(offset, length, false, |o, l, _| backend.cache(o, l)),
             // Validation rejects these; answering EINVAL keeps this total.
             Command::Disconnect | Command::Unknown(_) => Err(Errno::Invalid),
         }
+    }
+
+    /// Runs a TRIM, WRITE_ZEROES or CACHE in pieces of at most
+    /// [`DATALESS_CHUNK_BYTES`]. With `fua` the pieces go without it and one
+    /// flush follows the last, which makes the whole range durable.
+    fn in_pieces(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        op: impl Fn(u64, u64, bool) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
+        if length <= DATALESS_CHUNK_BYTES {
+            let _inside = self.shared.enter_backend()?;
+            return op(offset, length, fua);
+        }
+        // Validation checked that the range lies inside the export.
+        let end = offset.saturating_add(length);
+        let mut start = offset;
+        while start < end {
+            if self.stopping_early() {
+                return Err(Errno::Shutdown);
+            }
+            let piece = (end - start).min(DATALESS_CHUNK_BYTES);
+            let _inside = self.shared.enter_backend()?;
+            op(start, piece, false)?;
+            start += piece;
+        }
+        if fua {
+            let _inside = self.shared.enter_backend()?;
+            self.export.backend.flush()?;
+        }
+        Ok(())
     }
 
     /// Header and read data leave in one writev under the writer lock, so
     /// replies from different workers never interleave.
     fn send_reply(
         &self,
-        header: &RequestHeader,
+        request: &Request<'_>,
         outcome: Result<(), Errno>,
-        buf: &AlignedBuf,
     ) -> Result<(), ConnectionError> {
-        let reply = simple_reply_header(outcome.err(), header.cookie);
-        let data = match (outcome, header.command) {
-            (Ok(()), Command::Read) => prefix(buf, header.length as usize),
-            _ => &[],
-        };
+        let header = &request.header;
+        let (error, data): (Option<Errno>, &[u8]) =
+            match (outcome, header.command, request.buffer.as_deref()) {
+                (Ok(()), Command::Read, Some(data)) => (None, data),
+                // Cannot happen (a read leases its buffer before it runs); never send a
+                // success without its data.
+                (Ok(()), Command::Read, None) if header.length > 0 => (Some(Errno::Io), &[]),
+                (outcome, _, _) => (outcome.err(), &[]),
+            };
+        let reply = simple_reply_header(error, header.cookie);
         let mut slices = [IoSlice::new(&reply), IoSlice::new(data)];
-        let written = write_all_vectored(&mut *lock(&self.writer), &mut slices);
-        written.map_err(|error| {
-            self.abort();
-            self.io_error("sending reply", error)
+        let limit = self.shared.config.io_timeout;
+        let written = write_all_by(&mut *lock(&self.writer), &mut slices, limit);
+        written.map_err(|failure| match failure {
+            IoFailure::TimedOut => ConnectionError::TimedOut {
+                peer: self.peer.to_owned(),
+                what: "sending a reply (the client stopped reading)",
+                limit,
+            },
+            IoFailure::Eof => self.io_error("sending reply", io::ErrorKind::WriteZero.into()),
+            IoFailure::Io(error) => self.io_error("sending reply", error),
         })
     }
 
-    /// Stops every worker: no more reads, and blocked reads return EOF.
+    /// Stops every worker: no more reads, blocked reads and writes return,
+    /// waits for memory give up.
     fn abort(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        self.aborted.store(true, Ordering::SeqCst);
         let _ = self.control.shutdown_stream(Shutdown::Both);
+        self.shared.buffers.wake_all();
     }
 
-    fn payload_error(&self, error: io::Error) -> ConnectionError {
-        if error.kind() == io::ErrorKind::UnexpectedEof {
-            self.truncated()
-        } else {
-            self.io_error("reading write payload", error)
-        }
-    }
-
-    fn truncated(&self) -> ConnectionError {
-        ConnectionError::Truncated {
-            peer: self.peer.to_owned(),
+    fn read_failure(&self, failure: IoFailure, what: &'static str) -> ConnectionError {
+        match failure {
+            IoFailure::Eof => ConnectionError::Truncated {
+                peer: self.peer.to_owned(),
+            },
+            IoFailure::TimedOut => ConnectionError::TimedOut {
+                peer: self.peer.to_owned(),
+                what,
+                limit: self.shared.config.io_timeout,
+            },
+            IoFailure::Io(error) => self.io_error(what, error),
         }
     }
 
     fn io_error(&self, context: &'static str, source: io::Error) -> ConnectionError {
         ConnectionError::io(self.peer.to_owned(), context, source)
-    }
-
-    fn out_of_memory(&self) -> ConnectionError {
-        let source = io::Error::from(io::ErrorKind::OutOfMemory);
-        self.io_error("allocating a request buffer", source)
     }
 }
 
@@ -464,28 +775,43 @@ impl<S: NbdStream> Drop for AbortOnPanic<'_, '_, S> {
     }
 }
 
-fn write_all_vectored(writer: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+/// Writes every slice within `limit`. The socket's send timeout is `limit`;
+/// after a partial write it is lowered to what is left, and restored after.
+fn write_all_by<S: NbdStream>(
+    writer: &mut S,
+    mut slices: &mut [IoSlice<'_>],
+    limit: Duration,
+) -> Result<(), IoFailure> {
+    let deadline = Instant::now() + limit;
+    let mut lowered = false;
     IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        match writer.write_vectored(slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(written) => IoSlice::advance_slices(&mut slices, written),
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
+    let result = loop {
+        if slices.is_empty() {
+            break Ok(());
         }
+        match writer.write_vectored(slices) {
+            Ok(0) => break Err(IoFailure::Io(io::ErrorKind::WriteZero.into())),
+            Ok(written) => {
+                IoSlice::advance_slices(&mut slices, written);
+                if slices.is_empty() {
+                    continue;
+                }
+                let left = match remaining(deadline) {
+                    Ok(left) => left,
+                    Err(failure) => break Err(failure),
+                };
+                if let Err(error) = writer.set_write_timeout_stream(Some(left)) {
+                    break Err(IoFailure::Io(error));
+                }
+                lowered = true;
+            }
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => break Err(error.into()),
+        }
+    };
+    if lowered {
+        // A failure here shows on the next write.
+        let _ = writer.set_write_timeout_stream(Some(limit));
     }
-    Ok(())
-}
-
-/// The first `len` bytes of a worker's buffer, growing it if needed (contents are scratch).
-fn prefix_mut(buf: &mut AlignedBuf, len: usize) -> Result<&mut [u8], Errno> {
-    if !buf.try_resize_discarding(len) {
-        return Err(Errno::NoMem);
-    }
-    Ok(&mut buf[..])
-}
-
-/// The first `len` bytes of a worker's buffer, clamped to what it holds.
-fn prefix(buf: &AlignedBuf, len: usize) -> &[u8] {
-    &buf[..len.min(buf.len())]
+    result
 }

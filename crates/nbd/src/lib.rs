@@ -21,22 +21,39 @@
 //!
 //! Each connection gets `threads_per_connection` workers in the style of
 //! nbdkit's "parallel" model: every worker loops { lock the reader, read one
-//! request header and write payload into its own 4096-aligned reusable
-//! buffer, unlock; validate; call the [`Export`]; lock the writer, send the
-//! reply in one `writev`, unlock }. There are no queues or hand-offs between
-//! threads and no allocation per request; many requests are in flight per
-//! connection and replies leave in completion order (matched by cookie).
-//! Malformed requests are answered with the spec's error when the stream can
-//! stay in sync; a bad magic or a truncated request closes only that
-//! connection. [`Server::shutdown`] stops accepting and reading, lets
-//! requests already read finish and be answered, then closes connections.
+//! request header (and a write's payload, into a 4096-aligned buffer leased
+//! from the server's pool), unlock; validate; call the [`Export`]; lock the
+//! writer, send the reply in one `writev`, unlock; give the buffer back }.
+//! There are no queues or hand-offs between threads; many requests are in
+//! flight per connection and replies leave in completion order (matched by
+//! cookie). Malformed requests are answered with the spec's error when the
+//! stream can stay in sync; a bad magic or a truncated request closes only
+//! that connection.
+//!
+//! # Limits
+//!
+//! [`ServerConfig`] bounds everything a client can make grow: connections,
+//! request-buffer memory per connection and in total (a buffer pool that
+//! keeps small buffers for reuse and frees large ones after their request),
+//! the time a started request may take to arrive and a reply to be written,
+//! an optional idle timeout; TRIM, WRITE_ZEROES and CACHE reach the backend
+//! in pieces of [`DATALESS_CHUNK_BYTES`]. [`Server::shutdown`] stops
+//! accepting and reading and lets requests already read finish and be
+//! answered; [`Server::force_close`] then closes every client socket, so only
+//! requests inside a backend call ([`Server::requests_in_backend`]) can keep
+//! a connection open.
 
+mod buffers;
+pub mod client;
 mod connection;
 pub mod handshake;
 pub mod proto;
 mod server;
 
+pub use buffers::{KEEP_BYTES, KEEP_MAX_BUFFER};
 pub use connection::ConnectionError;
 pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome};
 pub use proto::{transmission_flags, Command, Errno, ProtocolError, RequestHeader};
-pub use server::{Export, NbdStream, Server, ServerConfig, ServerError, ServerExport};
+pub use server::{
+    Export, NbdStream, Server, ServerConfig, ServerError, ServerExport, DATALESS_CHUNK_BYTES,
+};

@@ -8,13 +8,14 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::Duration;
 
 use tracing::{info, warn};
 
+use crate::buffers::{buffer_size, BufferPool};
 use crate::connection::{self, ConnectionError, Start};
 use crate::handshake::ExportInfo;
 use crate::proto::Errno;
@@ -50,17 +51,45 @@ pub struct ServerExport {
     pub backend: Arc<dyn Export>,
 }
 
-/// Server tuning.
+/// TRIM, WRITE_ZEROES and CACHE requests longer than this (the protocol allows almost 4 GiB)
+/// reach the backend in pieces of this size, so no single backend call holds a huge range
+/// (its line locks, the backing device) for long, and a forced stop can end the request
+/// between pieces. With FUA the pieces go without it and one flush follows the last, so the
+/// whole range is durable when the reply says so.
+pub const DATALESS_CHUNK_BYTES: u64 = 64 << 20;
+
+/// Server tuning and limits. Every limit bounds something a client could otherwise make grow
+/// without end; docs/design.md §6 has the arithmetic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Worker threads per connection, i.e. requests processed in parallel on
-    /// one connection.
+    /// Worker threads per connection, i.e. requests processed in parallel on one connection.
     pub threads_per_connection: usize,
-    /// Largest READ/WRITE length accepted (also capped by each export's
-    /// `max_block`). Each worker's buffer can grow to this size.
+    /// Largest READ/WRITE length accepted (also capped by each export's `max_block`).
     pub max_request: u32,
     /// Total time a client gets to finish the handshake.
     pub handshake_timeout: Duration,
+    /// Connections open at once (handshaking or transmitting). Further clients are closed
+    /// right after `accept`, before the greeting, and the refusal is logged. With
+    /// `threads_per_connection` this bounds the server's threads.
+    pub max_connections: usize,
+    /// Bytes all request buffers of the server may hold at once (in use, or kept for reuse).
+    pub buffer_memory: usize,
+    /// Bytes the requests in flight on one connection may hold at once. At least
+    /// `max_request` (rounded up to whole pages) and at most `buffer_memory`.
+    pub connection_buffer_memory: usize,
+    /// How long a request waits for buffer memory held by other requests before it is
+    /// answered `ENOMEM` (a write's payload is then read and dropped).
+    pub buffer_wait: Duration,
+    /// Once the first byte of a request arrived, the rest of its header and its write payload
+    /// must arrive within this; a reply must be written within this (a client that stops
+    /// reading replies is disconnected after it).
+    pub io_timeout: Duration,
+    /// A connection with no request in flight is closed after this long without a new
+    /// request; `None`: never. Off by default because the Linux kernel client keeps one
+    /// connection per device open for as long as the device is attached, sends nothing while
+    /// the filesystem on it is idle (hours), and cannot reconnect by itself: closing it would
+    /// fail the device. An idle connection holds no request buffers.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +98,12 @@ impl Default for ServerConfig {
             threads_per_connection: 8,
             max_request: 32 << 20,
             handshake_timeout: Duration::from_secs(30),
+            max_connections: 128,
+            buffer_memory: 512 << 20,
+            connection_buffer_memory: 64 << 20,
+            buffer_wait: Duration::from_secs(30),
+            io_timeout: Duration::from_secs(30),
+            idle_timeout: None,
         }
     }
 }
@@ -94,8 +129,10 @@ pub trait NbdStream: Read + Write + Send + Sync + Sized + 'static {
     /// from different threads).
     fn try_clone_stream(&self) -> io::Result<Self>;
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()>;
-    /// Sets the read and write timeouts (`None` blocks forever).
-    fn set_stream_timeouts(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Sets the read timeout (`None` blocks forever).
+    fn set_read_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Sets the write timeout (`None` blocks forever).
+    fn set_write_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()>;
     /// Who is on the other end, for logs.
     fn peer_label(&self) -> String;
 }
@@ -107,8 +144,10 @@ impl NbdStream for UnixStream {
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
         self.shutdown(how)
     }
-    fn set_stream_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(timeout)?;
+    fn set_read_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
+    fn set_write_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.set_write_timeout(timeout)
     }
     fn peer_label(&self) -> String {
@@ -130,8 +169,10 @@ impl NbdStream for TcpStream {
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
         self.shutdown(how)
     }
-    fn set_stream_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(timeout)?;
+    fn set_read_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
+    fn set_write_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.set_write_timeout(timeout)
     }
     fn peer_label(&self) -> String {
@@ -143,7 +184,7 @@ impl NbdStream for TcpStream {
 }
 
 /// Serves exports over NBD. Cheap to clone; clones share one server, so
-/// `serve_unix`, `serve_tcp` and `shutdown` can run on different threads.
+/// `serve_unix`, `serve_tcp`, `shutdown` and `force_close` can run on different threads.
 #[derive(Clone)]
 pub struct Server {
     shared: Arc<Shared>,
@@ -153,7 +194,11 @@ pub(crate) struct Shared {
     pub(crate) exports: Vec<ServerExport>,
     pub(crate) infos: Arc<[ExportInfo]>,
     pub(crate) config: ServerConfig,
+    pub(crate) buffers: BufferPool,
     shutting_down: AtomicBool,
+    force_closed: AtomicBool,
+    /// Requests inside an [`Export`] call right now.
+    in_backend: AtomicUsize,
     /// Becomes readable (EOF) when shutdown starts; accept loops poll it so a
     /// blocked accept wakes up without signals or timeouts.
     wake_rx: UnixStream,
@@ -166,10 +211,36 @@ impl Shared {
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
+
+    pub(crate) fn is_force_closed(&self) -> bool {
+        self.force_closed.load(Ordering::SeqCst)
+    }
+
+    /// Counts a request as inside the backend until the guard drops, or refuses it with
+    /// `ESHUTDOWN` once `force_close` ran. Counting first and checking after (both SeqCst),
+    /// against `force_close` setting the flag first and reading the count after, means that
+    /// once `force_close` sees no request inside, none can enter any more: the backend is
+    /// quiet for good even while connection threads still unwind.
+    pub(crate) fn enter_backend(&self) -> Result<InBackend<'_>, Errno> {
+        self.in_backend.fetch_add(1, Ordering::SeqCst);
+        let inside = InBackend(&self.in_backend);
+        if self.is_force_closed() {
+            return Err(Errno::Shutdown);
+        }
+        Ok(inside)
+    }
 }
 
-/// Closes the read side of one connection's socket.
-type Stopper = Box<dyn Fn() + Send>;
+pub(crate) struct InBackend<'a>(&'a AtomicUsize);
+
+impl Drop for InBackend<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Shuts one connection's socket down in the given direction(s).
+type Stopper = Box<dyn Fn(Shutdown) + Send>;
 
 #[derive(Default)]
 struct Connections {
@@ -197,7 +268,7 @@ impl Drop for Registration {
 impl Server {
     /// Checks the configuration and every export's advertised geometry.
     pub fn new(exports: Vec<ServerExport>, config: ServerConfig) -> Result<Server, ServerError> {
-        validate_config(&config)?;
+        Self::check_config(&config)?;
         for (index, export) in exports.iter().enumerate() {
             validate_export(&export.info)?;
             if exports[..index]
@@ -216,8 +287,11 @@ impl Server {
             shared: Arc::new(Shared {
                 exports,
                 infos,
+                buffers: BufferPool::new(config.buffer_memory),
                 config,
                 shutting_down: AtomicBool::new(false),
+                force_closed: AtomicBool::new(false),
+                in_backend: AtomicUsize::new(0),
                 wake_rx,
                 wake_tx,
                 connections: Mutex::new(Connections::default()),
@@ -226,9 +300,15 @@ impl Server {
         })
     }
 
-    /// Accepts connections until [`Server::shutdown`], each on its own
-    /// threads, then waits until every connection has closed. The listener is
-    /// switched to non-blocking mode.
+    /// The checks [`Server::new`] makes of a configuration, for callers that want to refuse a
+    /// bad one before they open anything.
+    pub fn check_config(config: &ServerConfig) -> Result<(), ServerError> {
+        validate_config(config)
+    }
+
+    /// Accepts connections until [`Server::shutdown`], each on its own threads. Returns as
+    /// soon as it stops accepting; [`Server::wait_idle`] waits for the connections. The
+    /// listener is switched to non-blocking mode.
     pub fn serve_unix(&self, listener: UnixListener) -> Result<(), ServerError> {
         self.serve_listener(&listener)
     }
@@ -242,7 +322,7 @@ impl Server {
     /// Serves one already-connected client on the calling thread (plus
     /// worker threads) until it disconnects or the server shuts down.
     /// `Ok` means a clean end: `NBD_CMD_DISC`, `NBD_OPT_ABORT`, EOF between
-    /// requests, or shutdown.
+    /// requests, the idle timeout, or shutdown.
     pub fn serve_stream<S: NbdStream>(&self, stream: S) -> Result<(), ConnectionError> {
         let registration = self.register(&stream)?;
         connection::serve(&self.shared, stream, Start::Handshake, registration)
@@ -274,8 +354,26 @@ impl Server {
             warn!(%error, "cannot wake the accept loops");
         }
         for stop in lock(&self.shared.connections).open.values() {
-            stop();
+            stop(Shutdown::Read);
         }
+    }
+
+    /// Shuts down (as [`Server::shutdown`]) and closes every client socket in both directions
+    /// at once: replies still owed are not sent, workers blocked on a socket or waiting for
+    /// buffer memory return, requests not yet in the backend are refused (`ESHUTDOWN`), and
+    /// split TRIM/WRITE_ZEROES/CACHE requests stop between pieces. Requests inside a backend
+    /// call finish there (nothing can stop those); [`Server::requests_in_backend`] counts
+    /// them.
+    pub fn force_close(&self) {
+        if self.shared.force_closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.shutdown();
+        info!("NBD server closing every connection now");
+        for stop in lock(&self.shared.connections).open.values() {
+            stop(Shutdown::Both);
+        }
+        self.shared.buffers.wake_all();
     }
 
     /// Blocks until no connection is open.
@@ -302,21 +400,44 @@ impl Server {
         lock(&self.shared.connections).open.len()
     }
 
-    /// Records a connection so shutdown can reach it. A connection that
-    /// registers after shutdown started is stopped straight away.
+    /// Requests inside a backend call right now (read, write, flush...). After
+    /// [`Server::force_close`] no request enters a backend call any more, so once this is 0
+    /// the backends are left alone for good.
+    pub fn requests_in_backend(&self) -> usize {
+        self.shared.in_backend.load(Ordering::SeqCst)
+    }
+
+    /// Bytes held by request buffers now (in use, or kept for reuse); never more than
+    /// [`ServerConfig::buffer_memory`].
+    pub fn buffer_memory_in_use(&self) -> usize {
+        self.shared.buffers.charged()
+    }
+
+    /// Records a connection so shutdown can reach it, or refuses it when
+    /// `max_connections` are open. A connection that registers after
+    /// shutdown started is stopped straight away.
     fn register<S: NbdStream>(&self, stream: &S) -> Result<Registration, ConnectionError> {
         let control = stream
             .try_clone_stream()
             .map_err(|source| ConnectionError::io(stream.peer_label(), "cloning socket", source))?;
-        let stop: Stopper = Box::new(move || {
+        let stop: Stopper = Box::new(move |how| {
             // Err only means the socket is already gone, which is the goal.
-            let _ = control.shutdown_stream(Shutdown::Read);
+            let _ = control.shutdown_stream(how);
         });
         let mut connections = lock(&self.shared.connections);
+        let limit = self.shared.config.max_connections;
+        if connections.open.len() >= limit {
+            return Err(ConnectionError::TooManyConnections {
+                peer: stream.peer_label(),
+                limit,
+            });
+        }
         let id = connections.next_id;
         connections.next_id += 1;
-        if self.shared.is_shutting_down() {
-            stop();
+        if self.shared.is_force_closed() {
+            stop(Shutdown::Both);
+        } else if self.shared.is_shutting_down() {
+            stop(Shutdown::Read);
         }
         connections.open.insert(id, stop);
         Ok(Registration {
@@ -345,7 +466,6 @@ impl Server {
                 }
             }
         }
-        self.wait_idle();
         info!(listener = L::KIND, "NBD server stopped accepting");
         Ok(())
     }
@@ -369,7 +489,8 @@ impl Server {
         // miss a connection that is just starting.
         let registration = match self.register(&stream) {
             Ok(registration) => registration,
-            Err(error) => return warn!(%error, "dropping connection"),
+            // Dropping the stream closes it: the client sees EOF instead of a greeting.
+            Err(error) => return warn!(%error, "refusing NBD connection"),
         };
         let shared = Arc::clone(&self.shared);
         let spawned = thread::Builder::new()
@@ -382,20 +503,36 @@ impl Server {
 }
 
 fn validate_config(config: &ServerConfig) -> Result<(), ServerError> {
+    let invalid = |what: &str| Err(ServerError::InvalidConfig(what.into()));
     if config.threads_per_connection == 0 {
-        return Err(ServerError::InvalidConfig(
-            "threads_per_connection must be at least 1".into(),
-        ));
+        return invalid("threads_per_connection must be at least 1");
     }
     if config.max_request == 0 {
-        return Err(ServerError::InvalidConfig(
-            "max_request must be positive".into(),
-        ));
+        return invalid("max_request must be positive");
     }
-    if config.handshake_timeout.is_zero() {
-        return Err(ServerError::InvalidConfig(
-            "handshake_timeout must be positive".into(),
-        ));
+    if config.max_connections == 0 {
+        return invalid("max_connections must be at least 1");
+    }
+    let largest_buffer = buffer_size(config.max_request as usize);
+    if config.connection_buffer_memory < largest_buffer {
+        return Err(ServerError::InvalidConfig(format!(
+            "the request memory of a connection ({} bytes) must hold the largest request \
+             ({largest_buffer} bytes)",
+            config.connection_buffer_memory
+        )));
+    }
+    if config.buffer_memory < config.connection_buffer_memory {
+        return invalid(
+            "the request memory of the server must be at least the request memory of a connection",
+        );
+    }
+    let durations = [
+        config.handshake_timeout,
+        config.buffer_wait,
+        config.io_timeout,
+    ];
+    if durations.iter().any(Duration::is_zero) || config.idle_timeout == Some(Duration::ZERO) {
+        return invalid("timeouts must be positive");
     }
     Ok(())
 }

@@ -607,6 +607,7 @@ fn unix_and_tcp_listeners_serve_together_and_stop_together() {
     server.shutdown();
     assert!(serve_unix.join().unwrap().is_ok());
     assert!(serve_tcp.join().unwrap().is_ok());
+    assert!(server.wait_idle_timeout(Duration::from_secs(10)));
     assert_eq!(server.open_connections(), 0);
     assert!(over_unix.at_eof() && over_tcp.at_eof());
     assert_eq!(handshaking.read(&mut [0u8; 1]).unwrap_or(0), 0);

@@ -1,7 +1,8 @@
 //! Measures SHARDS against the exact LRU miss-ratio curve on every shared trace, read by the
 //! crate's own trace readers; docs/mrc.md quotes its output.
 //!
-//! `cargo run --release -p ssdcache-sim --example mrc_accuracy [SEEDS] [MAX_KEYS,...]`
+//! `SSDCACHE_TRACES=DIR cargo run --release -p ssdcache-sim --example mrc_accuracy [SEEDS] [MAX_KEYS,...]`
+//! (DIR: the shared traces folder; a relative path is taken from the workspace root)
 //!
 //! Every request is split into the 4 KiB blocks it touches, one reference each (what
 //! `ssdcache mrc` does). For each trace it prints the mean absolute error against the exact
@@ -20,7 +21,7 @@
 #[path = "../tests/common/shared_traces.rs"]
 mod shared_traces;
 
-use shared_traces::SHARED_TRACES;
+use shared_traces::{traces_dir, SHARED_TRACES, TRACES_VAR};
 use ssdcache_sim::mrc::{
     evenly_spaced_sizes, mean_absolute_error, Correction, CurvePoint, ExactMrc, Sampling, ShardsMrc,
 };
@@ -28,7 +29,7 @@ use ssdcache_sim::record::{volume_hash, Sampler};
 use ssdcache_sim::trace::{self, block_keys, Format, Request};
 use std::collections::HashSet;
 use std::error::Error;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -235,10 +236,9 @@ fn main() -> Result<()> {
         .split(',')
         .map(str::parse)
         .collect::<std::result::Result<_, _>>()?;
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/traces"
-    ));
+    let dir = traces_dir().ok_or(format!(
+        "{TRACES_VAR} is not set: set it to the shared traces folder"
+    ))?;
 
     println!(
         "MAE against exact LRU over 100 evenly spaced sizes, mean / max over {seeds} hash seeds"

@@ -2,13 +2,16 @@
 //! (`bench/libcachesim/reference.csv`) on every shared trace, at every size of the reference,
 //! for LRU, FIFO, CLOCK, ARC and S3-FIFO, with our S3-FIFO 1-bit and LIRS for information.
 //!
-//! `cargo run --release -p ssdcache-sim --example parity_table [-- --jobs N] [-- --update FILE]`
+//! `SSDCACHE_TRACES=DIR cargo run --release -p ssdcache-sim --example parity_table [-- --jobs N] [-- --update FILE]`
+//! (DIR: the shared traces folder; a relative path is taken from the workspace root)
 //!
 //! Prints the Markdown; with `--update FILE` it replaces what lies between the lines
 //! `<!-- parity-table:begin -->` and `<!-- parity-table:end -->` of FILE instead.
 
 #[path = "../tests/parity/mod.rs"]
 mod parity;
+#[path = "../tests/common/shared_traces.rs"]
+mod shared_traces;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -4,6 +4,8 @@
 //! percentage points at every size. docs/libcachesim-parity.md explains the comparison.
 
 mod parity;
+#[path = "common/shared_traces.rs"]
+mod shared_traces;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -47,6 +49,7 @@ fn the_reference_covers_every_policy_and_the_tiny_s3fifo_rows_are_the_documented
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn lru_fifo_clock_arc_and_s3fifo_match_cachesim_on_every_shared_trace() {
     let rows = read_reference(Path::new(REFERENCE_CSV)).unwrap_or_else(|e| panic!("{e}"));
     let traces = by_trace(&rows);

@@ -18,20 +18,12 @@
 
 mod common;
 
-#[path = "common/shared_traces.rs"]
-mod shared_traces;
-
+use common::shards::check_shards_bounds;
 use common::shared;
-use shared_traces::SHARED_TRACES;
-use ssdcache_sim::mrc::{
-    evenly_spaced_sizes, mean_absolute_error, Correction, CurvePoint, ExactMrc, Sampling, ShardsMrc,
-};
+use common::shared_traces::SHARED_TRACES;
+use ssdcache_sim::mrc::{evenly_spaced_sizes, ExactMrc};
 use ssdcache_sim::trace::{self, block_keys, Format};
 
-/// `ssdcache mrc`'s default fixed-size sample (`--max-keys`).
-const DEFAULT_MAX_KEYS: usize = 65_536;
-const RATE_SEEDS: u64 = 10;
-const SIZE_SEEDS: u64 = 3;
 const LINE_SIZE: u64 = 4096;
 
 fn block_references(relative: &str, format: Format) -> Vec<u64> {
@@ -44,33 +36,6 @@ fn block_references(relative: &str, format: Format) -> Vec<u64> {
         keys.extend(block_keys(&request, LINE_SIZE));
     }
     keys
-}
-
-struct Run {
-    error: f64,
-    sampled_keys: f64,
-    exact: bool,
-}
-
-fn shards_runs(keys: &[u64], sampling: Sampling, seeds: u64, reference: &[CurvePoint]) -> Vec<Run> {
-    let sizes: Vec<u64> = reference.iter().map(|p| p.cache_lines).collect();
-    (0..seeds)
-        .map(|seed| {
-            let mut shards = ShardsMrc::new(sampling, seed).expect("valid sampling");
-            shards.extend(keys.iter().copied());
-            let curve = shards.histogram(Correction::None).curve(&sizes);
-            Run {
-                error: mean_absolute_error(reference, &curve).expect("same sizes"),
-                sampled_keys: shards.stats().sampled_keys as f64,
-                exact: shards.stats().effective_rate == 1.0,
-            }
-        })
-        .collect()
-}
-
-fn mean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, count) = values.fold((0.0, 0), |(s, n), v| (s + v, n + 1));
-    sum / f64::from(count)
 }
 
 /// Traces on which fixed-rate 1% errs by at most 0.01 on average over the seeds.
@@ -90,6 +55,7 @@ const LIBCACHESIM_LRU: &[(&str, u64, f64)] = &[
 ];
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn shards_error_on_every_shared_trace() {
     let mut report = Vec::new();
     for &(relative, format) in SHARED_TRACES {
@@ -108,67 +74,22 @@ fn shards_error_on_every_shared_trace() {
             );
         }
         let reference = histogram.curve(&evenly_spaced_sizes(unique, 100));
-
-        let whole_sample = unique as usize <= DEFAULT_MAX_KEYS;
-        let fixed_size = shards_runs(
-            &keys,
-            Sampling::FixedSize {
-                max_keys: DEFAULT_MAX_KEYS,
-            },
-            if whole_sample { 1 } else { SIZE_SEEDS },
-            &reference,
-        );
-        for (seed, run) in fixed_size.iter().enumerate() {
-            assert!(
-                run.error <= 0.01,
-                "{relative}: fixed size {DEFAULT_MAX_KEYS}, seed {seed}: MAE {}",
-                run.error
-            );
-            if whole_sample {
-                assert!(
-                    run.exact && run.error == 0.0,
-                    "{relative}: sample of all keys"
-                );
-            }
-        }
-
-        let rate = shards_runs(
-            &keys,
-            Sampling::FixedRate { rate: 0.01 },
-            RATE_SEEDS,
-            &reference,
-        );
-        let mean_error = mean(rate.iter().map(|r| r.error));
-        let mean_keys = mean(rate.iter().map(|r| r.sampled_keys));
-        assert!(
-            mean_error <= 1.5 / mean_keys.sqrt(),
-            "{relative}: rate 1%: mean MAE {mean_error} with {mean_keys} keys"
-        );
-        for (seed, run) in rate.iter().enumerate() {
-            assert!(
-                run.error <= 3.5 / run.sampled_keys.max(1.0).sqrt(),
-                "{relative}: rate 1%, seed {seed}: MAE {} with {} keys",
-                run.error,
-                run.sampled_keys
-            );
-        }
+        let errors = check_shards_bounds(relative, &keys, unique, &reference);
         if RATE_WITHIN_ONE_PERCENT.contains(&relative) {
             assert!(
-                mean_error <= 0.01,
-                "{relative}: rate 1%: mean MAE {mean_error}"
+                errors.rate_mean <= 0.01,
+                "{relative}: rate 1%: mean MAE {}",
+                errors.rate_mean
             );
         }
-        report.push(format!(
-            "{relative}: {unique} unique, rate 1% {mean_error:.4} ({mean_keys:.0} keys), \
-             size {DEFAULT_MAX_KEYS} {:.4}",
-            mean(fixed_size.iter().map(|r| r.error))
-        ));
+        report.push(format!("{relative}: {errors}"));
     }
     println!("{}", report.join("\n"));
 }
 
 /// Every LIRS trace in the shared directory is in the list the measurements cover.
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn every_lirs_trace_is_measured() {
     let directory = shared("lirs/README");
     let directory = directory.parent().expect("a file has a directory");

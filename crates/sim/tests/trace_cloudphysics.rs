@@ -28,6 +28,7 @@ fn csv() -> Vec<Request> {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn vscsi_and_csv_are_the_same_requests() {
     let csv = csv();
     let vscsi = cloudphysics("cloudPhysicsIO.vscsi", Format::Vscsi);
@@ -52,6 +53,7 @@ fn vscsi_and_csv_are_the_same_requests() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn oracle_general_is_the_csv_with_each_object_keeping_its_first_size() {
     let csv = csv();
     let oracle = cloudphysics("cloudPhysicsIO.oracleGeneral.bin", Format::OracleGeneral);
@@ -83,6 +85,7 @@ fn oracle_general_is_the_csv_with_each_object_keeping_its_first_size() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn txt_is_the_first_sector_of_every_csv_request() {
     let csv = csv();
     let txt = cloudphysics("cloudPhysicsIO.txt", Format::SectorList);

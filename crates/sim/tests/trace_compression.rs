@@ -4,64 +4,10 @@
 
 mod common;
 
-use std::io::Write;
-
+use common::codec::{Codec, CODECS};
 use common::samples::sample;
 use common::{first_error, one_number_per_line, read_all, write_file};
-use ssdcache_sim::trace::{self, Compression, Format, Request, TraceError};
-
-#[derive(Clone, Copy, Debug)]
-enum Codec {
-    Zstd,
-    Gzip,
-    Bzip2,
-    Xz,
-}
-
-const CODECS: [Codec; 4] = [Codec::Zstd, Codec::Gzip, Codec::Bzip2, Codec::Xz];
-
-impl Codec {
-    fn compress(self, data: &[u8]) -> Vec<u8> {
-        match self {
-            Codec::Zstd => zstd::encode_all(data, 3).unwrap(),
-            Codec::Gzip => {
-                let mut encoder =
-                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-                encoder.write_all(data).unwrap();
-                encoder.finish().unwrap()
-            }
-            Codec::Bzip2 => {
-                let mut encoder =
-                    bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::default());
-                encoder.write_all(data).unwrap();
-                encoder.finish().unwrap()
-            }
-            Codec::Xz => {
-                let mut encoder = liblzma::write::XzEncoder::new(Vec::new(), 6);
-                encoder.write_all(data).unwrap();
-                encoder.finish().unwrap()
-            }
-        }
-    }
-
-    fn compression(self) -> Compression {
-        match self {
-            Codec::Zstd => Compression::Zstd,
-            Codec::Gzip => Compression::Gzip,
-            Codec::Bzip2 => Compression::Bzip2,
-            Codec::Xz => Compression::Xz,
-        }
-    }
-
-    fn extension(self) -> &'static str {
-        match self {
-            Codec::Zstd => "zst",
-            Codec::Gzip => "gz",
-            Codec::Bzip2 => "bz2",
-            Codec::Xz => "xz",
-        }
-    }
-}
+use ssdcache_sim::trace::{self, Format, Request, TraceError};
 
 fn requests_of(path: &std::path::Path, format: Format) -> Vec<Request> {
     read_all(path, format).requests

@@ -52,6 +52,7 @@ fn check(expected: Expected<'_>) {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn arc_p3() {
     check(Expected {
         file: "arc/P3.lis.zst",
@@ -65,6 +66,7 @@ fn arc_p3() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn arc_p6() {
     check(Expected {
         file: "arc/P6.lis.zst",
@@ -78,6 +80,7 @@ fn arc_p6() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn msr_cambridge() {
     let path = shared("msr/msr-cambridge1-sample.csv");
     check(Expected {
@@ -101,6 +104,7 @@ fn msr_cambridge() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn systor_additional() {
     check(Expected {
         file: "systor17/systor17-additional-sample.csv.gz",
@@ -116,6 +120,7 @@ fn systor_additional() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn systor_traces() {
     let path = shared("systor17/systor17-traces-sample.csv.gz");
     check(Expected {
@@ -136,6 +141,7 @@ fn systor_traces() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn snia_tencent() {
     let path = shared("tencent_cbs/cloud_storage-sample.bz2");
     check(Expected {
@@ -157,6 +163,7 @@ fn snia_tencent() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn disksim_tpcc() {
     let path = shared("mqsim/tpcc-small.trace");
     check(Expected {
@@ -182,6 +189,7 @@ fn disksim_tpcc() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn disksim_wsrch_without_a_final_newline() {
     check(Expected {
         file: "mqsim/wsrch-small.trace",
@@ -219,6 +227,7 @@ const LIRS: [(&str, usize, u64, u64); 13] = [
 ];
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn lirs_all_files_with_breakpoints_blank_lines_and_crlf() {
     for (file, count, first, last) in LIRS {
         let file = format!("lirs/{file}");
@@ -235,6 +244,7 @@ fn lirs_all_files_with_breakpoints_blank_lines_and_crlf() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn vscsi_cloudphysics() {
     check(Expected {
         file: "cloudphysics/cloudPhysicsIO.vscsi",
@@ -256,6 +266,7 @@ fn vscsi_cloudphysics() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn vscsi_csv_cloudphysics() {
     check(Expected {
         file: "cloudphysics/cloudPhysicsIO.csv",
@@ -269,6 +280,7 @@ fn vscsi_csv_cloudphysics() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn oracle_general_cloudphysics() {
     check(Expected {
         file: "cloudphysics/cloudPhysicsIO.oracleGeneral.bin",
@@ -282,6 +294,7 @@ fn oracle_general_cloudphysics() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn sector_list_cloudphysics_txt() {
     let path = shared("cloudphysics/cloudPhysicsIO.txt");
     let read = read_all(&path, Format::SectorList);
@@ -297,6 +310,7 @@ fn sector_list_cloudphysics_txt() {
 }
 
 #[test]
+#[cfg_attr(not(ssdcache_traces), ignore = "needs SSDCACHE_TRACES")]
 fn auto_refuses_to_guess_between_lirs_and_sector_list_and_says_what_to_pass() {
     let path = shared("cloudphysics/cloudPhysicsIO.txt");
     let error = trace::open(&path, Format::Auto).unwrap_err();

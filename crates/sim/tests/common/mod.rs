@@ -1,21 +1,19 @@
 //! Shared by the trace tests: where the shared traces are, and reading a whole trace.
 #![allow(dead_code)]
 
+pub mod codec;
 pub mod samples;
+pub mod shards;
+pub mod shared_traces;
+pub mod synthetic;
 
 use std::path::{Path, PathBuf};
 
 use ssdcache_sim::trace::{self, Format, Op, OpenOptions, Request, Trace, TraceError};
 
-/// The shared traces sit beside the checkout; a missing file fails the test that needs it.
+/// `relative` in the shared traces folder (see `shared_traces::shared_trace`).
 pub fn shared(relative: &str) -> PathBuf {
-    let path = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/traces"
-    ))
-    .join(relative);
-    assert!(path.is_file(), "shared trace {} is missing", path.display());
-    path
+    shared_traces::shared_trace(relative)
 }
 
 /// Writes `bytes` to a file `name` in `dir`.

@@ -1,7 +1,12 @@
-//! Shared by the libCacheSim parity test and the `parity_table` example: the reference miss
-//! ratios of libCacheSim's `cachesim` (`bench/libcachesim/reference.csv`) and one simulator
-//! pass per shared trace over the same 4 KiB block references.
+//! Shared by the libCacheSim parity tests and the `parity_table` example: the reference miss
+//! ratios of libCacheSim's `cachesim` (`bench/libcachesim/reference.csv` on the shared traces,
+//! `synthetic.csv` on the synthetic ones) and one simulator pass per trace over the same 4 KiB
+//! block references.
 #![allow(dead_code)]
+
+// Where the shared traces are: `tests/common/shared_traces.rs`, which every includer of this
+// module has at its root.
+use super::shared_traces;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +19,12 @@ pub const REFERENCE_CSV: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../bench/libcachesim/reference.csv"
 );
-pub const TRACES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces");
+/// libCacheSim's miss ratios on the synthetic traces (`bench/libcachesim/synthetic`), which a
+/// clone of the repository alone can check.
+pub const SYNTHETIC_CSV: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../bench/libcachesim/synthetic.csv"
+);
 pub const LINE_SIZE: u64 = 4096;
 
 /// One row of reference.csv.
@@ -89,11 +99,10 @@ pub fn format_of(trace: &str) -> Option<Format> {
     })
 }
 
-/// The trace file; panics (fails the test) when it is missing.
+/// The shared trace file; panics (fails the test) when `SSDCACHE_TRACES` is not set or the
+/// file is missing.
 pub fn trace_path(trace: &str) -> PathBuf {
-    let path = Path::new(TRACES_DIR).join(trace);
-    assert!(path.is_file(), "shared trace {} is missing", path.display());
-    path
+    shared_traces::shared_trace(trace)
 }
 
 /// A cache that counts exactly libCacheSim's block references: every 4 KiB block a request
@@ -126,12 +135,22 @@ pub fn simulate_trace(
     jobs: usize,
 ) -> Result<Vec<Outcome>, String> {
     let format = format_of(trace).ok_or_else(|| format!("{trace}: no reader chosen for it"))?;
-    let path = trace_path(trace);
-    let requests = trace::open(&path, format).map_err(|e| e.to_string())?;
+    simulate_file(&trace_path(trace), format, caches, jobs)
+}
+
+/// Runs every (policy, size) over one pass of the trace file `path` read as `format`.
+pub fn simulate_file(
+    path: &Path,
+    format: Format,
+    caches: &[(String, u64)],
+    jobs: usize,
+) -> Result<Vec<Outcome>, String> {
+    let name = path.display();
+    let requests = trace::open(path, format).map_err(|e| e.to_string())?;
     let configs: Vec<SimConfig> = caches.iter().map(|(p, n)| config(p, *n)).collect();
     let results = simulate::run(requests, &configs, jobs)
-        .map_err(|e| format!("{trace}: {e}"))?
-        .map_err(|e| format!("{trace}: {e}"))?;
+        .map_err(|e| format!("{name}: {e}"))?
+        .map_err(|e| format!("{name}: {e}"))?;
     Ok(results
         .into_iter()
         .map(|r| Outcome {
