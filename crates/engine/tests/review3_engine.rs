@@ -1,0 +1,85 @@
+//! Third adversarial review of the data path (issue #10), against branch h-engine: each test
+//! reproduces one finding and fails until the engine is fixed. Each names the sequence of
+//! events and the rule of docs/design.md §4.1 it breaks.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{data, open_dyn};
+use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_engine::Cache;
+use ssdcache_format::CacheMode;
+
+const LINE: u64 = 64 << 10;
+const SECTOR: u64 = 4096;
+const CACHE_SIZE: u64 = 32 << 20;
+const BACKING_SIZE: u64 = 64 << 20;
+
+/// A write-back cache on crash-simulating devices, sequential cutoff 0.
+fn crash_cache() -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache) {
+    common::setup_crash(CACHE_SIZE, BACKING_SIZE, LINE, CacheMode::WriteBack)
+}
+
+fn read_vec(cache: &Cache, offset: u64, len: u64) -> ssdcache_engine::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len as usize];
+    cache.volumes()[0].read(offset, &mut buf)?;
+    Ok(buf)
+}
+
+/// Describes what a read returned, for the failure message.
+fn outcome(read: &ssdcache_engine::Result<Vec<u8>>, flushed: &[u8], oldest: &[u8]) -> String {
+    match read {
+        Err(e) => format!("an error ({e})"),
+        Ok(r) if r == flushed => "the flushed data".into(),
+        Ok(r) if r.iter().all(|&b| b == 0) => "zeroes".into(),
+        Ok(r) if r == oldest => "the backing device's data, older than the FLUSH".into(),
+        Ok(_) => "other data".into(),
+    }
+}
+
+/// Finding R3-1 (data loss without a crash). A fill rewrites the line's dirty sectors "with
+/// the same cached bytes" (`put_clean` leaves them out of `keep`), so a failed cache write of
+/// a fill run that contains a dirty sector ends in `put_clean_run`'s error branch, which
+/// calls `invalidate_slot` on the whole run: the dirty sector is dropped from the map (valid
+/// and dirty cleared). Nothing then remembers that the cache held the only copy: reads are
+/// served from the backing device (its older data), the cleaner never writes the sector
+/// back, and the next commit records the slot free, so even a crash cannot bring it back.
+/// Rule 2 of §4.1 ("nothing older is ever lost") and §3 ("a read of a dirty sector that
+/// cannot be read from the cache fails with EIO, never returning the stale backing copy").
+/// The bytes the failed write tried to put there were the same as the dirty data, so the
+/// slot is no worse than before; the sector should have stayed dirty.
+#[test]
+fn r3_1_a_failed_fill_write_drops_flushed_dirty_data() {
+    let (cache_dev, backing, cache) = crash_cache();
+    let oldest = data(9, SECTOR as usize);
+    backing.write_at(&oldest, 0).unwrap();
+    backing.flush().unwrap();
+    let vol = cache.volumes()[0].clone();
+    let flushed = data(1, SECTOR as usize);
+    vol.write(0, &flushed, false).unwrap();
+    vol.flush().expect("sector 0 durable, dirty in the cache");
+
+    // A read of sector 1 (same line) misses and fills the whole line, sector 0 included
+    // (rewritten with its own cached bytes). The cache device fails that write.
+    cache_dev.fail_writes(true);
+    let neighbour = read_vec(&cache, SECTOR, SECTOR);
+    cache_dev.fail_writes(false);
+    assert!(
+        neighbour.is_ok(),
+        "the backing device serves the read of sector 1"
+    );
+
+    let live = read_vec(&cache, 0, SECTOR);
+    vol.flush().ok();
+    let after_flush = read_vec(&cache, 0, SECTOR);
+    assert!(
+        live.as_ref().is_ok_and(|r| *r == flushed) || live.is_err() && after_flush.is_err(),
+        "sector 0 (written, FLUSHed, then a fill of its line failed on the cache device) \
+         reads as {} live and {} after another FLUSH (volume state {:?}): must be the flushed \
+         data, or EIO while the cache cannot give it back",
+        outcome(&live, &flushed, &oldest),
+        outcome(&after_flush, &flushed, &oldest),
+        vol.state()
+    );
+}
