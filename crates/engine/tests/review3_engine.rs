@@ -83,3 +83,40 @@ fn r3_1_a_failed_fill_write_drops_flushed_dirty_data() {
         vol.state()
     );
 }
+
+/// Finding R3-2 (flip-flop after a kill -9). `Backing::new` now makes the first FLUSH after a
+/// restart reach the device, because writes of the killed run may still sit in the backing
+/// device's volatile cache. But nothing flushes them at open, and reads are served from that
+/// volatile cache meanwhile: a sector written (not flushed) before a kill -9 reads as the new
+/// value after the restart, and a power cut before the first FLUSH then brings the older
+/// value back. Rule 3 of §4.1: after the restart a sector keeps reading the same value until
+/// it is written again, across further restarts. Opening the cache could flush the backing
+/// devices (and the cache device) before serving, as recovery already does for the journal.
+#[test]
+fn r3_2_a_read_after_a_kill_9_restart_flips_back_at_the_next_power_cut() {
+    let (cache_dev, backing, cache) =
+        common::setup_crash(CACHE_SIZE, BACKING_SIZE, LINE, CacheMode::WriteThrough);
+    let newer = data(5, SECTOR as usize);
+    cache.volumes()[0]
+        .write(0, &newer, false)
+        .expect("write-through write, not flushed");
+    // kill -9: the process ends without a clean stop; the devices (and their volatile
+    // caches) live on.
+    drop(cache);
+    let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
+    let after_restart = read_vec(&cache, 0, SECTOR).expect("read after the restart");
+    assert_eq!(after_restart, newer, "the restart serves the newer value");
+    drop(cache);
+
+    // A power cut now, before any client FLUSH: only what was flushed survives.
+    let cache_img = Arc::new(CrashDevice::from_image("cache", cache_dev.durable_image()));
+    let backing_img = Arc::new(CrashDevice::from_image("backing", backing.durable_image()));
+    let (cache, _) = open_dyn(cache_img, backing_img);
+    let after_cut = read_vec(&cache, 0, SECTOR);
+    assert!(
+        after_cut.as_ref().is_ok_and(|r| *r == newer),
+        "sector 0 read as the newer value after the kill -9 restart, but as {} after the \
+         next power cut (flip-flop)",
+        outcome(&after_cut, &newer, &vec![0u8; SECTOR as usize])
+    );
+}
