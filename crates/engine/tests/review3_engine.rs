@@ -120,3 +120,36 @@ fn r3_2_a_read_after_a_kill_9_restart_flips_back_at_the_next_power_cut() {
         outcome(&after_cut, &newer, &vec![0u8; SECTOR as usize])
     );
 }
+
+/// Finding R3-3 (the crash model is narrower than the contract it checks). docs/design.md
+/// §4.1 and crashsim/contract.rs say a failed write may or may not have landed, and the
+/// engine is built on that (`Backing::write_with` counts failed writes so the next flush
+/// covers them; a failed journal write forces a fresh generation; `put_clean_run` and
+/// `write_back_segment` treat the slot's bytes as unknown). But `CrashDevice` drops a failed
+/// write entirely: it never reaches the written image, nor the pending writes a power cut may
+/// keep. So no crash test (crash.rs, crash_concurrent.rs, crash_defects.rs) can see the
+/// effect of a failed write that landed, and a regression in any of those paths (say, not
+/// counting failed backing writes) passes every crash test. The model should put a failed
+/// write among the pending writes (kept, dropped or torn at a cut) and, by a seed, in the
+/// written image.
+#[test]
+fn r3_3_a_failed_write_never_lands_in_the_crash_model() {
+    let dev = CrashDevice::new("dev", 1 << 20);
+    dev.fail_writes(true);
+    let payload = data(3, SECTOR as usize);
+    assert!(
+        dev.write_at(&payload, 0).is_err(),
+        "the switch fails the write"
+    );
+    dev.fail_writes(false);
+    let mut buf = vec![0u8; SECTOR as usize];
+    dev.read_at(&mut buf, 0).unwrap();
+    let everything = dev.crashed_keeping("cut", ssdcache_device::Keep::Everything);
+    let mut after_cut = vec![0u8; SECTOR as usize];
+    everything.read_at(&mut after_cut, 0).unwrap();
+    assert!(
+        buf == payload || after_cut == payload,
+        "a failed write may land (§4.1), but neither reads nor any power cut of the model can \
+         ever show it"
+    );
+}
