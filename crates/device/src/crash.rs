@@ -204,6 +204,17 @@ impl PendingWrite {
         }
     }
 
+    /// The bytes `part` (relative to the start of the write) as a write of their own.
+    fn part(&self, part: Range<usize>) -> PendingWrite {
+        PendingWrite {
+            offset: self.offset + part.start as u64,
+            payload: match &self.payload {
+                Payload::Bytes(b) => Payload::Bytes(b[part].into()),
+                Payload::Zeroes(_) => Payload::Zeroes(part.len()),
+            },
+        }
+    }
+
     /// The write split at absolute 4 KiB boundaries, as ranges relative to its start: the
     /// units a power cut can keep or lose independently. An unaligned write has partial
     /// sectors at its ends; each counts as one unit.
@@ -261,6 +272,24 @@ fn materialize(durable: &Image, pending: &[PendingWrite], keep: Keep) -> Image {
         }
     }
     image
+}
+
+/// A failed write may have landed in part (design.md §4.1: a failed write promises nothing):
+/// each of its 4 KiB sectors lands, unflushed, or not, chosen from the op number so a run
+/// replays. About half of the failed one-sector writes land whole; none of this is durable
+/// before a flush.
+fn land_in_part(state: &mut State, w: &PendingWrite, op: u64) {
+    let mut rng = SplitMix64(op ^ 0x5eed_fa11_ed00_0000);
+    for part in w.sectors() {
+        if rng.next_u64() & 1 == 1 {
+            let landed = w.part(part);
+            let len = landed.len();
+            landed.apply(&mut state.written, 0..len);
+            if state.volatile {
+                state.pending.push(landed);
+            }
+        }
+    }
 }
 
 /// What a device call was.
@@ -349,7 +378,7 @@ struct Inner {
     /// Op numbers after which to capture a crash state.
     crash_at: BTreeSet<u64>,
     captured: Vec<CrashState>,
-    /// Op numbers that fail with EIO, changing nothing.
+    /// Op numbers that fail with EIO (a failed write lands in part, see `land_in_part`).
     fail_at: BTreeSet<u64>,
     /// Every op so far, when logging is on (`None` = off).
     log: Option<Vec<OpRecord>>,
@@ -441,7 +470,8 @@ impl CrashClock {
         self.shared.lock().crash_at.extend(ops);
     }
 
-    /// Makes each of these ops fail with EIO, changing nothing (one-shot: the op number).
+    /// Makes each of these ops fail with EIO (one-shot: the op number); a failed write lands in
+    /// part, see `fail_writes`.
     pub fn fail_at(&self, ops: impl IntoIterator<Item = u64>) {
         self.shared.lock().fail_at.extend(ops);
     }
@@ -534,7 +564,9 @@ impl CrashDevice {
         self.fail_reads.store(fail, Ordering::SeqCst);
     }
 
-    /// Makes every write and write_zeroes fail with EIO, changing nothing.
+    /// Makes every write and write_zeroes fail with EIO; each failed write lands in part (a
+    /// subset of its 4 KiB sectors, unflushed, chosen from the op number), as a real device's
+    /// failed write may.
     pub fn fail_writes(&self, fail: bool) {
         self.fail_writes.store(fail, Ordering::SeqCst);
     }
@@ -652,7 +684,11 @@ impl CrashDevice {
             Change::Nothing => false,
         };
         let failed = inner.fail_at.remove(&op) || switched_off;
-        if !failed {
+        if failed {
+            if let Change::Write(w) = change {
+                land_in_part(state, &w, op);
+            }
+        } else {
             match change {
                 Change::Write(w) => {
                     if w.len() > 0 {

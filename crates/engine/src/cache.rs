@@ -525,6 +525,7 @@ impl Cache {
                 layout.journal_blocks()
             )));
         }
+        flush_before_reading(&*dev, &backings)?;
         let mut map = new_map(&sb)?;
         let (report, end) = match load_state(&*dev, &sb, &mut map) {
             Ok(loaded) => loaded,
@@ -831,6 +832,25 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
             }
         })
         .collect())
+}
+
+/// Flushes every device before the cache reads anything. A run that ended without a clean stop
+/// (`kill -9`) may have left writes in the devices' volatile caches: the journal blocks of a
+/// commit in progress, data written through or around the cache. Served or replayed unflushed,
+/// they could be lost at the next power cut after clients saw them: a sector would read one
+/// value after this start and an older one after the cut.
+fn flush_before_reading(dev: &dyn BlockDevice, backings: &[Arc<dyn BlockDevice>]) -> Result<()> {
+    dev.flush().map_err(|source| EngineError::CacheDevice {
+        device: dev.describe(),
+        source,
+    })?;
+    for backing in backings {
+        backing.flush().map_err(|source| EngineError::Backing {
+            device: backing.describe(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

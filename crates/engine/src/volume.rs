@@ -837,8 +837,17 @@ impl Volume {
                 })
             }
             Err(e) => {
-                self.core
-                    .with_map(|m| m.invalidate_slot(slot, run.first_sector, run.sectors))?;
+                // The slot's bytes in the run are unknown now, except in dirty sectors a fill
+                // rewrote with their own cached bytes: whatever landed there is the same
+                // data, and it may be the only copy. Data written through is on the disk, so
+                // the whole run goes.
+                self.core.with_map(|m| {
+                    if supersedes_dirty {
+                        m.invalidate_slot(slot, run.first_sector, run.sectors)
+                    } else {
+                        m.invalidate_clean(self.id, run.line, run.first_sector, run.sectors)
+                    }
+                })?;
                 self.cache_failed(e);
                 Ok(())
             }

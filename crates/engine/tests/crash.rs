@@ -17,3 +17,10 @@ mod crashsim;
 fn write_back_survives_power_cuts_inside_operations() {
     crashsim::run_test(crashsim::Kind::Sequential, 16_000);
 }
+
+/// Seeds past the default run that once caught a defect: 179 fails when fills overwrite the
+/// sectors a durable record may still call dirty (review 3, R3-4).
+#[test]
+fn seeds_that_caught_defects() {
+    crashsim::run_seeds(crashsim::Kind::Sequential, &[179]);
+}

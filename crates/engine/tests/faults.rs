@@ -439,7 +439,17 @@ fn write_back_backing_errors_keep_data_dirty() {
     }
     assert_eq!(cache.dirty_bytes(), dirty);
     assert!(counter(&vol, "backing_errors") > errors);
-    assert!(backing.written_image() == image);
+    // A failed write may land in part (the crash device lands some of its sectors): every
+    // byte that changed on the backing device is the data being written back.
+    let after = backing.written_image();
+    assert!(
+        after
+            .iter()
+            .zip(&image)
+            .zip(&model)
+            .all(|((now, before), want)| now == before || now == want),
+        "a failed writeback put something other than the dirty data on the backing device"
+    );
     assert!(
         cache.drain(&cfg, &mut |_| true).is_err(),
         "a drain that cannot write back must fail"

@@ -290,6 +290,27 @@ mod concurrent {
     }
 }
 
+/// Runs the workloads of these seeds, one after another: seeds that once caught a defect the
+/// default run's seeds miss, kept so a regression fails every CI run.
+#[allow(dead_code)] // used by crash.rs only
+pub fn run_seeds(kind: Kind, seeds: &[u64]) {
+    let stats = Stats::default();
+    for &seed in seeds {
+        let outcome = catch_unwind(AssertUnwindSafe(|| run_workload(kind, seed, &stats)));
+        assert!(
+            outcome.is_ok(),
+            "crash workload seed {seed} failed ({:?}); replay it with:\n  \
+             SSDCACHE_CRASH_SEED={seed} cargo test --release -p ssdcache-engine {} -- --nocapture",
+            kind.plan(seed),
+            kind.target()
+        );
+    }
+    println!(
+        "{}",
+        stats.report(&format!("pinned seeds {seeds:?} ({kind:?})"))
+    );
+}
+
 /// Runs workloads (seeds 1, 2, ..., or from `SSDCACHE_CRASH_FIRST_SEED`) on every core until
 /// `default_points` crash points were checked (`SSDCACHE_CRASH_POINTS` overrides), or only
 /// `SSDCACHE_CRASH_SEED`'s workload.
