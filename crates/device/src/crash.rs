@@ -981,25 +981,47 @@ mod tests {
     }
 
     #[test]
-    fn faults_return_eio_and_change_nothing() -> io::Result<()> {
+    fn faults_return_eio_and_failed_writes_land_in_part() -> io::Result<()> {
         let dev = CrashDevice::new("crash", MIB);
         dev.write_at(&[1; SECTOR], 0)?;
-        let (written, durable) = (dev.written_image(), dev.durable_image());
+        dev.flush()?;
+        let durable = dev.durable_image();
 
         dev.fail_writes(true);
-        let e = dev.write_at(&[2; SECTOR], 0).err();
+        let e = dev.write_at(&[2; 16 * SECTOR], 0).err();
         assert_eq!(e.and_then(|e| e.raw_os_error()), Some(libc::EIO));
         let e = dev.write_zeroes(0, SECTOR as u64).err();
         assert_eq!(e.and_then(|e| e.raw_os_error()), Some(libc::EIO));
-        assert_eq!(dev.written_image(), written);
-        assert_eq!((dev.pending_writes(), dev.write_count()), (1, 1));
+        assert_eq!(dev.write_count(), 1, "failed writes are not counted");
+        // Each sector of the failed writes landed or not (unflushed), never anything else.
+        let written = dev.written_image();
+        let sectors: Vec<&[u8]> = written[..16 * SECTOR].chunks(SECTOR).collect();
+        assert!(sectors
+            .iter()
+            .all(|s| [1u8, 2, 0].iter().any(|&v| s.iter().all(|&b| b == v))));
+        assert!(
+            sectors[1..].iter().any(|s| s[0] == 2) && sectors[1..].iter().any(|s| s[0] == 0),
+            "some sectors of a 16-sector failed write land, some do not"
+        );
+        assert_eq!(
+            dev.durable_image(),
+            durable,
+            "nothing durable before a flush"
+        );
         dev.fail_writes(false);
+        dev.flush()?;
+        let pending = dev.pending_writes();
+        dev.write_at(&[1; SECTOR], 0)?;
 
+        let (durable, flushes) = (dev.durable_image(), dev.flush_count());
         dev.fail_flushes(true);
         let e = dev.flush().err();
         assert_eq!(e.and_then(|e| e.raw_os_error()), Some(libc::EIO));
         assert_eq!(dev.durable_image(), durable);
-        assert_eq!((dev.pending_writes(), dev.flush_count()), (1, 0));
+        assert_eq!(
+            (dev.pending_writes(), dev.flush_count()),
+            (pending + 1, flushes)
+        );
         dev.fail_flushes(false);
 
         dev.fail_reads(true);
@@ -1012,7 +1034,7 @@ mod tests {
         assert_eq!(buf, [1; SECTOR]);
 
         dev.flush()?;
-        assert_eq!(dev.durable_image(), written);
+        assert_eq!(dev.durable_image(), dev.written_image());
         Ok(())
     }
 
