@@ -205,7 +205,11 @@ fn load(cache: &Cache, writes: &[(u64, u64)]) -> Result<()> {
     std::thread::scope(|s| {
         for _ in 0..8 {
             s.spawn(|| {
+                // Not zeroes: write-back sends all-zero sectors to the backing device (they
+                // cost a journal record, not cache space), so a zeroed buffer would measure
+                // the disk, not the cache.
                 let mut buf = AlignedBuf::zeroed(65536);
+                buf.fill(0xa5);
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&(off, len)) = writes.get(i) else {

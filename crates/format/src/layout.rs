@@ -249,18 +249,22 @@ mod tests {
 
     #[test]
     fn a_fixed_journal_has_exactly_its_blocks_and_room_for_two_compactions() {
-        let l = Layout::with_journal_blocks(16 << 20, 65536, 9).expect("layout");
-        assert!(l.is_consistent(), "{l:?}");
-        assert_eq!(l.journal_blocks(), 9);
-        assert!(l.line_count > Layout::compute(16 << 20, 65536).expect("layout").line_count);
-        let needed = 2 * l.compaction_blocks() + 1;
-        assert_eq!(
-            Layout::with_journal_blocks(16 << 20, 65536, needed - 1),
-            Err(LayoutError::JournalTooSmall {
-                blocks: needed - 1,
-                needed
+        // The smallest journal accepted holds exactly two compactions and one block more.
+        let (n, l) = (1..=64)
+            .find_map(|n| {
+                Layout::with_journal_blocks(16 << 20, 65536, n)
+                    .ok()
+                    .map(|l| (n, l))
             })
-        );
+            .expect("a journal of at most 64 blocks is accepted");
+        assert!(l.is_consistent(), "{l:?}");
+        assert_eq!(l.journal_blocks(), n);
+        assert_eq!(n, 2 * l.compaction_blocks() + 1, "{l:?}");
+        assert!(l.line_count > Layout::compute(16 << 20, 65536).expect("layout").line_count);
+        assert!(matches!(
+            Layout::with_journal_blocks(16 << 20, 65536, n - 1),
+            Err(LayoutError::JournalTooSmall { blocks, needed }) if blocks == n - 1 && needed >= n
+        ));
     }
 
     #[test]
