@@ -1,0 +1,95 @@
+//! Fourth adversarial review of the data path (issue #10), against the fixes of 6c78063: each
+//! test reproduces one finding and fails until the engine is fixed. Each names the sequence of
+//! events and the rule of docs/design.md §4.1 it breaks.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::data;
+use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_engine::{Cache, CleanerConfig};
+use ssdcache_format::CacheMode;
+
+const LINE: u64 = 64 << 10;
+const SECTOR: usize = 4096;
+const CACHE_SIZE: u64 = 32 << 20;
+const BACKING_SIZE: u64 = 64 << 20;
+
+/// A write-back cache on crash-simulating devices, sequential cutoff 0.
+fn crash_cache() -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache) {
+    common::setup_crash(CACHE_SIZE, BACKING_SIZE, LINE, CacheMode::WriteBack)
+}
+
+/// Names what each 4 KiB sector of `got` is: 'A' (the flushed value), 'B' (the failed
+/// write's), 'O' (older than the FLUSH), '?' (anything else).
+fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
+    got.chunks(SECTOR)
+        .enumerate()
+        .map(|(i, s)| {
+            let at = i * SECTOR..(i + 1) * SECTOR;
+            if s == &a[at.clone()] {
+                'A'
+            } else if s == &b[at.clone()] {
+                'B'
+            } else if s == &o[at] {
+                'O'
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
+/// Finding R4-1 (flushed data destroyed by a write that failed). `write_back_segment`, when the
+/// cache write of a write-back write fails, writes the data to the backing device and only
+/// then drops the sectors from the map (`invalidate_slot`). When that backing write fails too,
+/// the `?` returns before the map is touched: the sectors stay dirty with the checksum of the
+/// older, flushed data A. But the failed cache write may have landed (design.md §4.1, the
+/// CrashDevice model since 6c78063): the slot now holds B where the map promises A. Every read
+/// of those sectors fails the checksum on dirty data and returns EIO; the cleaner marks them
+/// damaged and never writes them back; offline `flush` refuses; `--discard-damaged` gives the
+/// backing device's data, older than the FLUSH. Rule 2 of §4.1 (after a failed write a sector
+/// holds the last durable value or the failed write's, never neither) and rule 4 (the dirty
+/// data never reaches the backing device). The engine still assumes here that a failed cache
+/// write changed nothing.
+#[test]
+fn r4_1_a_write_failing_on_both_devices_destroys_the_flushed_dirty_data() {
+    let (cache_dev, backing, cache) = crash_cache();
+    let len = LINE as usize;
+    let oldest = data(9, len);
+    backing.write_at(&oldest, 0).unwrap();
+    backing.flush().unwrap();
+    let vol = cache.volumes()[0].clone();
+    let flushed = data(1, len);
+    vol.write(0, &flushed, false).unwrap();
+    vol.flush().expect("line 0 durable, dirty in the cache");
+
+    // Both devices fail the next write of line 0 (an SSD and a disk on one failing
+    // controller, a cable): the client gets an error.
+    cache_dev.fail_writes(true);
+    backing.fail_writes(true);
+    let failed = data(2, len);
+    assert!(vol.write(0, &failed, false).is_err(), "the write fails");
+    cache_dev.fail_writes(false);
+    backing.fail_writes(false);
+
+    let mut live = vec![0u8; len];
+    let read = vol.read(0, &mut live);
+    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
+    let mut on_disk = vec![0u8; len];
+    backing.read_at(&mut on_disk, 0).unwrap();
+    let disk = sector_map(&on_disk, &flushed, &failed, &oldest);
+    assert!(
+        read.is_ok() && drained.is_ok() && !disk.contains(['O', '?']),
+        "line 0 (written, FLUSHed, then a write that failed on both devices): the read \
+         returned {read:?} ({}), writeback {drained:?}, the backing device holds {disk} \
+         (per 4 KiB sector: A flushed, B the failed write, O older than the FLUSH): every \
+         sector must stay A or B and reach the backing device",
+        if read.is_ok() {
+            sector_map(&live, &flushed, &failed, &oldest)
+        } else {
+            "-".into()
+        }
+    );
+}
