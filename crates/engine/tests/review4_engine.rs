@@ -52,7 +52,13 @@ fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
 /// backing device's data, older than the FLUSH. Rule 2 of §4.1 (after a failed write a sector
 /// holds the last durable value or the failed write's, never neither) and rule 4 (the dirty
 /// data never reaches the backing device). The engine still assumes here that a failed cache
-/// write changed nothing.
+/// write changed nothing. A clean stop and restart keeps the damage (the checkpoint carries the
+/// old checksum); only an unclean restart heals it (the slot is then unverified and the landed
+/// bytes are accepted as a newer write). Realistic beyond a shared controller: cache and
+/// backing files on one full copy-on-write filesystem both fail with ENOSPC, and
+/// `FileDevice::write_at` (`write_all_at`) may have written a prefix before the error. A fix
+/// might drop the sectors from the map before the backing write, or read the slot back and
+/// keep, per sector, whichever of the old and new checksums it matches.
 #[test]
 fn r4_1_a_write_failing_on_both_devices_destroys_the_flushed_dirty_data() {
     let (cache_dev, backing, cache) = crash_cache();
