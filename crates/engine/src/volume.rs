@@ -1052,12 +1052,52 @@ impl Volume {
                 // What the slot now holds for these sectors is unknown; the new data goes
                 // to the backing device and supersedes any older dirty copy.
                 self.cache_failed(e);
-                self.write_backing(part, seg.offset, false)?;
+                if let Err(e) = self.write_backing(part, seg.offset, false) {
+                    self.after_failing_everywhere(slot, seg, part, now)?;
+                    return Err(e);
+                }
                 self.core
                     .with_map(|m| m.invalidate_slot(slot, seg.first_sector, seg.sectors))?;
             }
         }
         Ok(cached)
+    }
+
+    /// A write that failed on the cache device and on the backing device may have landed on
+    /// either, sector by sector. A dirty sector is the only copy of its data: it keeps the
+    /// old data's checksum where the slot still holds the old data and takes the new one's
+    /// where the new data landed (either is a value the failed write may leave), read back
+    /// to tell which. Clean sectors are dropped: the backing device holds one of the two.
+    fn after_failing_everywhere(
+        &self,
+        slot: u32,
+        seg: &Segment,
+        part: &[u8],
+        now: u32,
+    ) -> Result<()> {
+        let mut landed = AlignedBuf::zeroed(part.len());
+        let read_back = self
+            .core
+            .dev
+            .read_at(&mut landed, self.slot_offset(slot, seg));
+        let mut new_crcs = [0u32; MAX_SECTORS];
+        let new_crcs = sector_crcs(part, &mut new_crcs);
+        self.core.with_map(|m| {
+            let dirty = m.dirty_of(slot).unwrap_or_default();
+            let sector = SECTOR_SIZE as usize;
+            let holds_new = |i: usize| {
+                read_back.is_ok()
+                    && dirty.get(seg.first_sector + i)
+                    && sector_crc(&landed[i * sector..(i + 1) * sector]) == new_crcs[i]
+            };
+            for (run, new) in split_runs(*seg, holds_new) {
+                let at = (run.buf_at - seg.buf_at) / sector;
+                if new {
+                    m.set_dirty(slot, run.first_sector, &new_crcs[at..at + run.sectors], now)?;
+                }
+            }
+            m.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
+        })
     }
 
     /// Makes every completed write durable: the backing device flushed and, when the cache

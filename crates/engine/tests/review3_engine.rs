@@ -1,6 +1,6 @@
 //! Third adversarial review of the data path (issue #10), against branch h-engine: each test
-//! reproduces one finding and fails until the engine is fixed. Each names the sequence of
-//! events and the rule of docs/design.md §4.1 it breaks.
+//! reproduces one finding and failed before the engine was fixed (they pass now). Each names the
+//! sequence of events and the rule of docs/design.md §4.1 it breaks.
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! Fourth adversarial review of the data path (issue #10), against the fixes of 6c78063: each
-//! test reproduces one finding and fails until the engine is fixed. Each names the sequence of
-//! events and the rule of docs/design.md §4.1 it breaks.
+//! test reproduces one finding and failed before the engine was fixed (it passes now). Each
+//! names the sequence of events and the rule of docs/design.md §4.1 it breaks.
 
 mod common;
 
