@@ -179,14 +179,19 @@ impl CacheCore {
             }
             journal.adopt(next);
         }
-        let (records, kind) = {
+        let (records, kind, changed) = {
             let mut map = self.map();
             let kind = journal.kind_for(map.changes_pending(), &self.layout);
-            let records = match kind {
-                CommitKind::Append => map.take_changes(),
-                CommitKind::FreshGeneration => map.take_all_dirty(),
+            // A fresh generation records only dirty slots (the rest is free by omission) and
+            // takes the whole change list: keep it, so a failure can give it back.
+            let (records, changed) = match kind {
+                CommitKind::Append => (map.take_changes(), Vec::new()),
+                CommitKind::FreshGeneration => {
+                    let changed = map.changed_slots();
+                    (map.take_all_dirty(), changed)
+                }
             };
-            (records, kind)
+            (records, kind, changed)
         };
         let result = self.write_commit(&mut journal, &records, kind);
         match result {
@@ -201,7 +206,14 @@ impl CacheCore {
                 Ok(())
             }
             Err(e) => {
-                self.map().requeue(&records);
+                // Every slot whose change this commit took is still owed to the journal, the
+                // ones a fresh generation left out (now clean or free) too: else a FLUSH with
+                // nothing dirty left would skip the commit and the durable journal would go on
+                // naming superseded dirty data (found by the million-point crash run).
+                let mut map = self.map();
+                map.requeue(&records);
+                map.requeue_slots(&changed);
+                drop(map);
                 self.journal.note_failure(&mut journal, &e);
                 match e {
                     EngineError::Invariant(what) => Err(self.halt(what)),

@@ -734,6 +734,18 @@ impl MapState {
         }
     }
 
+    /// Marks these slots changed again (their records are taken afresh at the next commit).
+    pub fn requeue_slots(&mut self, slots: &[u32]) {
+        for &slot in slots {
+            self.note_changed(slot);
+        }
+    }
+
+    /// The slots changed since the last commit.
+    pub fn changed_slots(&self) -> Vec<u32> {
+        self.changed.clone()
+    }
+
     /// Rebuilds the free list after `restore` calls.
     pub fn rebuild_free_list(&mut self) {
         let n = self.keys.len() as u32;

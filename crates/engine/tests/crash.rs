@@ -19,8 +19,10 @@ fn write_back_survives_power_cuts_inside_operations() {
 }
 
 /// Seeds past the default run that once caught a defect: 179 fails when fills overwrite the
-/// sectors a durable record may still call dirty (review 3, R3-4).
+/// sectors a durable record may still call dirty (review 3, R3-4); 2791 when a failed fresh
+/// generation loses the change list's clean slots, and a FLUSH after a mode change then skips
+/// the commit while the journal still names superseded dirty data (the million-point run).
 #[test]
 fn seeds_that_caught_defects() {
-    crashsim::run_seeds(crashsim::Kind::Sequential, &[179]);
+    crashsim::run_seeds(crashsim::Kind::Sequential, &[179, 2791]);
 }
