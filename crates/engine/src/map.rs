@@ -445,6 +445,16 @@ impl MapState {
         }
     }
 
+    /// Marks a slot's dirty sectors unverified (see `unverified`): a failed write may have
+    /// replaced some of them in place and which ones cannot be read back. The next commit
+    /// records the flag, so it survives restarts until the slot has no dirty data.
+    pub fn mark_unverified(&mut self, slot: u32) {
+        if self.keys[slot as usize] != NO_KEY && !self.dirty_bits(slot).is_empty() {
+            self.set_unverified(slot, true);
+            self.note_changed(slot);
+        }
+    }
+
     /// Marks a dirty sector whose data failed its checksum (see `damaged`).
     pub fn mark_damaged(&mut self, slot: u32, sector: usize) {
         if self.dirty_bits(slot).get(sector) {

@@ -1096,6 +1096,12 @@ impl Volume {
                     m.set_dirty(slot, run.first_sector, &new_crcs[at..at + run.sectors], now)?;
                 }
             }
+            if read_back.is_err() {
+                // Which data each dirty sector holds is unknown: either is a value the failed
+                // write may leave, so a later read or writeback accepts either (only zeroes,
+                // what a lost region reads as, count as damage).
+                m.mark_unverified(slot);
+            }
             m.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
         })
     }

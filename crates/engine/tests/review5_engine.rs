@@ -1,7 +1,7 @@
 //! Fifth adversarial review of the data path (issue #10), against d8b10a7 (a write-back write
 //! failing on both devices) and b1dbe96 (a failed fresh generation gives back its change
-//! list). Each test reproduces one finding: it fails against the engine as it stands and
-//! names the sequence of events and the rule of docs/design.md §4.1 it breaks.
+//! list). Each test reproduces one finding: it failed before the engine was fixed (it passes
+//! now) and names the sequence of events and the rule of docs/design.md §4.1 it breaks.
 
 mod common;
 
