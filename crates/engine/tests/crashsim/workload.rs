@@ -522,13 +522,16 @@ impl Run {
 
     /// Opens the cache again after a stop.
     fn start(&self) -> Cache {
-        // An injected error can fail a start too; the daemon would be started again.
+        // An injected error can fail a start too; the daemon would be started again. Each
+        // failed start used up at least one injected error (a planned failing op, or a
+        // one-shot failing flush), so more starts than that mean a real failure.
+        let limit = self.plan.faults.len() + 3;
         let mut tries = 0;
         loop {
             tries += 1;
             match try_open(&self.cache_dev, &self.backing) {
                 Ok(cache) => return cache,
-                Err(e) if tries >= 8 || !self.faults_reached() => {
+                Err(e) if tries >= limit || !self.faults_reached() => {
                     panic!("seed {}: restart failed: {e}", self.plan.seed)
                 }
                 Err(_) => {}
