@@ -1,55 +1,13 @@
 //! Second adversarial review of the data path (issue #10): each test reproduces one finding
-//! and failed before the engine was fixed (they pass now). Each names the sequence of events and the rule of
-//! docs/design.md §4.1 (or the documented bound) it breaks.
+//! and failed before the engine was fixed (they pass now). Each names the sequence of events
+//! and the rule of docs/design.md §4.1 (or the documented bound) it breaks.
 
 mod common;
 
-use std::sync::Arc;
-
 use common::{data, open_dyn};
-use ssdcache_device::{BlockDevice, CrashDevice};
-use ssdcache_engine::Cache;
-use ssdcache_format::CacheMode;
+use ssdcache_device::BlockDevice;
 
-const LINE: u64 = 64 << 10;
 const SECTOR: u64 = 4096;
-const CACHE_SIZE: u64 = 32 << 20;
-const BACKING_SIZE: u64 = 64 << 20;
-
-/// A write-back cache on crash-simulating devices, sequential cutoff 0.
-fn crash_cache() -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache) {
-    common::setup_crash(CACHE_SIZE, BACKING_SIZE, LINE, CacheMode::WriteBack)
-}
-
-fn read_vec(cache: &Cache, offset: u64, len: u64) -> ssdcache_engine::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len as usize];
-    cache.volumes()[0].read(offset, &mut buf)?;
-    Ok(buf)
-}
-
-/// What a power cut leaves when every write to the cache device landed but the backing
-/// device kept only what was flushed (a legal outcome: the two devices' volatile caches are
-/// independent).
-fn cut_keeping_cache_writes(
-    cache_dev: &CrashDevice,
-    backing: &CrashDevice,
-) -> (Arc<CrashDevice>, Arc<CrashDevice>) {
-    (
-        Arc::new(CrashDevice::from_image("cache", cache_dev.written_image())),
-        Arc::new(CrashDevice::from_image("backing", backing.durable_image())),
-    )
-}
-
-/// Describes what a read after the restart returned, for the failure message.
-fn outcome(read: &ssdcache_engine::Result<Vec<u8>>, flushed: &[u8], oldest: &[u8]) -> String {
-    match read {
-        Err(e) => format!("an error ({e})"),
-        Ok(r) if r == flushed => "the flushed data".into(),
-        Ok(r) if r.iter().all(|&b| b == 0) => "zeroes".into(),
-        Ok(r) if r == oldest => "the backing device's data, older than the FLUSH".into(),
-        Ok(_) => "other data".into(),
-    }
-}
 
 /// Finding R2-1 (the F8 fix is incomplete). Zero sectors of write-back writes no longer go
 /// into a slot, but zeroes still reach a slot whose durable journal record names older dirty
@@ -66,7 +24,7 @@ fn outcome(read: &ssdcache_engine::Result<Vec<u8>>, flushed: &[u8], oldest: &[u8
 /// or zeroes.
 #[test]
 fn r2_1_a_fill_after_write_zeroes_turns_flushed_data_into_damage() {
-    let (cache_dev, backing, cache) = crash_cache();
+    let (cache_dev, backing, cache) = common::crash_cache();
     let oldest = data(9, 2 * SECTOR as usize);
     backing.write_at(&oldest, 0).unwrap();
     backing.flush().unwrap();
@@ -80,17 +38,17 @@ fn r2_1_a_fill_after_write_zeroes_turns_flushed_data_into_damage() {
         .expect("WRITE_ZEROES of sector 0");
     // An ordinary read of a neighbouring sector of the same line (sector 2, never written)
     // misses and fills the whole line from the backing device.
-    read_vec(&cache, 2 * SECTOR, SECTOR).expect("read of sector 2");
+    common::read_vec(&cache, 2 * SECTOR, SECTOR).expect("read of sector 2");
 
-    let (cache_img, backing_img) = cut_keeping_cache_writes(&cache_dev, &backing);
+    let (cache_img, backing_img) = common::cut_keeping_cache_writes(&cache_dev, &backing);
     drop((vol, cache));
     let (cache, _) = open_dyn(cache_img, backing_img);
-    let read = read_vec(&cache, 0, SECTOR);
+    let read = common::read_vec(&cache, 0, SECTOR);
     let after_discard = match &read {
         Err(_) => {
             cache.discard_damaged().expect("--discard-damaged");
-            outcome(
-                &read_vec(&cache, 0, SECTOR),
+            common::outcome(
+                &common::read_vec(&cache, 0, SECTOR),
                 &flushed[..SECTOR as usize],
                 &oldest[..SECTOR as usize],
             )
@@ -104,7 +62,7 @@ fn r2_1_a_fill_after_write_zeroes_turns_flushed_data_into_damage() {
         legal,
         "sector 0 (flushed, then WRITE_ZEROES, crash) reads as {} (volume state {:?}); after \
          --discard-damaged it reads as {after_discard}",
-        outcome(
+        common::outcome(
             &read,
             &flushed[..SECTOR as usize],
             &oldest[..SECTOR as usize]
@@ -118,25 +76,28 @@ fn r2_1_a_fill_after_write_zeroes_turns_flushed_data_into_damage() {
 /// device's zeroes.
 #[test]
 fn r2_1_a_fill_after_a_write_of_zeroes_turns_flushed_data_into_damage() {
-    let (cache_dev, backing, cache) = crash_cache();
+    let (cache_dev, backing, cache) = common::crash_cache();
     let vol = cache.volumes()[0].clone();
     let flushed = data(1, 2 * SECTOR as usize);
     vol.write(0, &flushed, false).unwrap();
     vol.flush().unwrap();
     vol.write(0, &[0u8; SECTOR as usize], false)
         .expect("a write of zeroes to sector 0");
-    assert!(read_vec(&cache, 0, SECTOR).unwrap().iter().all(|&b| b == 0));
+    assert!(common::read_vec(&cache, 0, SECTOR)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
 
-    let (cache_img, backing_img) = cut_keeping_cache_writes(&cache_dev, &backing);
+    let (cache_img, backing_img) = common::cut_keeping_cache_writes(&cache_dev, &backing);
     drop((vol, cache));
     let (cache, _) = open_dyn(cache_img, backing_img);
-    let read = read_vec(&cache, 0, SECTOR);
+    let read = common::read_vec(&cache, 0, SECTOR);
     assert!(
         read.as_ref()
             .is_ok_and(|r| r[..] == flushed[..SECTOR as usize] || r.iter().all(|&b| b == 0)),
         "sector 0 (flushed, then written with zeroes and read, crash) reads as {} (volume \
          state {:?})",
-        outcome(&read, &flushed[..SECTOR as usize], &[]),
+        common::outcome(&read, &flushed[..SECTOR as usize], &[]),
         cache.volumes()[0].state()
     );
 }
@@ -147,7 +108,7 @@ fn r2_1_a_fill_after_a_write_of_zeroes_turns_flushed_data_into_damage() {
 /// older data; a crash there turns both legal values into "damage".
 #[test]
 fn r2_1_a_write_through_write_of_zeroes_during_a_mode_change_becomes_damage() {
-    let (cache_dev, backing, cache) = crash_cache();
+    let (cache_dev, backing, cache) = common::crash_cache();
     let vol = cache.volumes()[0].clone();
     let flushed = data(1, SECTOR as usize);
     vol.write(0, &flushed, false).unwrap();
@@ -156,16 +117,16 @@ fn r2_1_a_write_through_write_of_zeroes_during_a_mode_change_becomes_damage() {
     vol.write(0, &[0u8; SECTOR as usize], false)
         .expect("write-through write of zeroes");
 
-    let (cache_img, backing_img) = cut_keeping_cache_writes(&cache_dev, &backing);
+    let (cache_img, backing_img) = common::cut_keeping_cache_writes(&cache_dev, &backing);
     drop((vol, cache));
     let (cache, _) = open_dyn(cache_img, backing_img);
-    let read = read_vec(&cache, 0, SECTOR);
+    let read = common::read_vec(&cache, 0, SECTOR);
     assert!(
         read.as_ref()
             .is_ok_and(|r| *r == flushed || r.iter().all(|&b| b == 0)),
         "sector 0 (flushed, then written through with zeroes during a mode change, crash) \
          reads as {} (volume state {:?})",
-        outcome(&read, &flushed, &[]),
+        common::outcome(&read, &flushed, &[]),
         cache.volumes()[0].state()
     );
 }

@@ -8,35 +8,12 @@ use std::sync::Arc;
 
 use common::{data, open_dyn};
 use ssdcache_device::{BlockDevice, CrashDevice};
-use ssdcache_engine::Cache;
 use ssdcache_format::CacheMode;
 
 const LINE: u64 = 64 << 10;
 const SECTOR: u64 = 4096;
 const CACHE_SIZE: u64 = 32 << 20;
 const BACKING_SIZE: u64 = 64 << 20;
-
-/// A write-back cache on crash-simulating devices, sequential cutoff 0.
-fn crash_cache() -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache) {
-    common::setup_crash(CACHE_SIZE, BACKING_SIZE, LINE, CacheMode::WriteBack)
-}
-
-fn read_vec(cache: &Cache, offset: u64, len: u64) -> ssdcache_engine::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len as usize];
-    cache.volumes()[0].read(offset, &mut buf)?;
-    Ok(buf)
-}
-
-/// Describes what a read returned, for the failure message.
-fn outcome(read: &ssdcache_engine::Result<Vec<u8>>, flushed: &[u8], oldest: &[u8]) -> String {
-    match read {
-        Err(e) => format!("an error ({e})"),
-        Ok(r) if r == flushed => "the flushed data".into(),
-        Ok(r) if r.iter().all(|&b| b == 0) => "zeroes".into(),
-        Ok(r) if r == oldest => "the backing device's data, older than the FLUSH".into(),
-        Ok(_) => "other data".into(),
-    }
-}
 
 /// Finding R3-1 (data loss without a crash). A fill rewrites the line's dirty sectors "with
 /// the same cached bytes" (`put_clean` leaves them out of `keep`), so a failed cache write of
@@ -51,7 +28,7 @@ fn outcome(read: &ssdcache_engine::Result<Vec<u8>>, flushed: &[u8], oldest: &[u8
 /// slot is no worse than before; the sector should have stayed dirty.
 #[test]
 fn r3_1_a_failed_fill_write_drops_flushed_dirty_data() {
-    let (cache_dev, backing, cache) = crash_cache();
+    let (cache_dev, backing, cache) = common::crash_cache();
     let oldest = data(9, SECTOR as usize);
     backing.write_at(&oldest, 0).unwrap();
     backing.flush().unwrap();
@@ -63,23 +40,23 @@ fn r3_1_a_failed_fill_write_drops_flushed_dirty_data() {
     // A read of sector 1 (same line) misses and fills the whole line, sector 0 included
     // (rewritten with its own cached bytes). The cache device fails that write.
     cache_dev.fail_writes(true);
-    let neighbour = read_vec(&cache, SECTOR, SECTOR);
+    let neighbour = common::read_vec(&cache, SECTOR, SECTOR);
     cache_dev.fail_writes(false);
     assert!(
         neighbour.is_ok(),
         "the backing device serves the read of sector 1"
     );
 
-    let live = read_vec(&cache, 0, SECTOR);
+    let live = common::read_vec(&cache, 0, SECTOR);
     vol.flush().ok();
-    let after_flush = read_vec(&cache, 0, SECTOR);
+    let after_flush = common::read_vec(&cache, 0, SECTOR);
     assert!(
         live.as_ref().is_ok_and(|r| *r == flushed) || live.is_err() && after_flush.is_err(),
         "sector 0 (written, FLUSHed, then a fill of its line failed on the cache device) \
          reads as {} live and {} after another FLUSH (volume state {:?}): must be the flushed \
          data, or EIO while the cache cannot give it back",
-        outcome(&live, &flushed, &oldest),
-        outcome(&after_flush, &flushed, &oldest),
+        common::outcome(&live, &flushed, &oldest),
+        common::outcome(&after_flush, &flushed, &oldest),
         vol.state()
     );
 }
@@ -104,7 +81,7 @@ fn r3_2_a_read_after_a_kill_9_restart_flips_back_at_the_next_power_cut() {
     // caches) live on.
     drop(cache);
     let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
-    let after_restart = read_vec(&cache, 0, SECTOR).expect("read after the restart");
+    let after_restart = common::read_vec(&cache, 0, SECTOR).expect("read after the restart");
     assert_eq!(after_restart, newer, "the restart serves the newer value");
     drop(cache);
 
@@ -112,12 +89,12 @@ fn r3_2_a_read_after_a_kill_9_restart_flips_back_at_the_next_power_cut() {
     let cache_img = Arc::new(CrashDevice::from_image("cache", cache_dev.durable_image()));
     let backing_img = Arc::new(CrashDevice::from_image("backing", backing.durable_image()));
     let (cache, _) = open_dyn(cache_img, backing_img);
-    let after_cut = read_vec(&cache, 0, SECTOR);
+    let after_cut = common::read_vec(&cache, 0, SECTOR);
     assert!(
         after_cut.as_ref().is_ok_and(|r| *r == newer),
         "sector 0 read as the newer value after the kill -9 restart, but as {} after the \
          next power cut (flip-flop)",
-        outcome(&after_cut, &newer, &vec![0u8; SECTOR as usize])
+        common::outcome(&after_cut, &newer, &vec![0u8; SECTOR as usize])
     );
 }
 

@@ -4,42 +4,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::data;
-use ssdcache_device::{BlockDevice, CrashDevice};
-use ssdcache_engine::{Cache, CleanerConfig};
-use ssdcache_format::CacheMode;
+use ssdcache_device::BlockDevice;
+use ssdcache_engine::CleanerConfig;
 
 const LINE: u64 = 64 << 10;
-const SECTOR: usize = 4096;
-const CACHE_SIZE: u64 = 32 << 20;
-const BACKING_SIZE: u64 = 64 << 20;
-
-/// A write-back cache on crash-simulating devices, sequential cutoff 0.
-fn crash_cache() -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache) {
-    common::setup_crash(CACHE_SIZE, BACKING_SIZE, LINE, CacheMode::WriteBack)
-}
-
-/// Names what each 4 KiB sector of `got` is: 'A' (the flushed value), 'B' (the failed
-/// write's), 'O' (older than the FLUSH), '?' (anything else).
-fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
-    got.chunks(SECTOR)
-        .enumerate()
-        .map(|(i, s)| {
-            let at = i * SECTOR..(i + 1) * SECTOR;
-            if s == &a[at.clone()] {
-                'A'
-            } else if s == &b[at.clone()] {
-                'B'
-            } else if s == &o[at] {
-                'O'
-            } else {
-                '?'
-            }
-        })
-        .collect()
-}
 
 /// Finding R4-1 (flushed data destroyed by a write that failed). `write_back_segment`, when the
 /// cache write of a write-back write fails, writes the data to the backing device and only
@@ -61,7 +30,7 @@ fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
 /// keep, per sector, whichever of the old and new checksums it matches.
 #[test]
 fn r4_1_a_write_failing_on_both_devices_destroys_the_flushed_dirty_data() {
-    let (cache_dev, backing, cache) = crash_cache();
+    let (cache_dev, backing, cache) = common::crash_cache();
     let len = LINE as usize;
     let oldest = data(9, len);
     backing.write_at(&oldest, 0).unwrap();
@@ -85,7 +54,7 @@ fn r4_1_a_write_failing_on_both_devices_destroys_the_flushed_dirty_data() {
     let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
     let mut on_disk = vec![0u8; len];
     backing.read_at(&mut on_disk, 0).unwrap();
-    let disk = sector_map(&on_disk, &flushed, &failed, &oldest);
+    let disk = common::sector_map(&on_disk, &flushed, &failed, &oldest);
     assert!(
         read.is_ok() && drained.is_ok() && !disk.contains(['O', '?']),
         "line 0 (written, FLUSHed, then a write that failed on both devices): the read \
@@ -93,7 +62,7 @@ fn r4_1_a_write_failing_on_both_devices_destroys_the_flushed_dirty_data() {
          (per 4 KiB sector: A flushed, B the failed write, O older than the FLUSH): every \
          sector must stay A or B and reach the backing device",
         if read.is_ok() {
-            sector_map(&live, &flushed, &failed, &oldest)
+            common::sector_map(&live, &flushed, &failed, &oldest)
         } else {
             "-".into()
         }

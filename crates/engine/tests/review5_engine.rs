@@ -5,42 +5,12 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::data;
 use ssdcache_device::{BlockDevice, CrashDevice};
-use ssdcache_engine::{Cache, CleanerConfig};
-use ssdcache_format::CacheMode;
+use ssdcache_engine::CleanerConfig;
 
 const LINE: u64 = 64 << 10;
 const SECTOR: usize = 4096;
-const CACHE_SIZE: u64 = 32 << 20;
-const BACKING_SIZE: u64 = 64 << 20;
-
-/// A write-back cache on crash-simulating devices, sequential cutoff 0.
-fn crash_cache() -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache) {
-    common::setup_crash(CACHE_SIZE, BACKING_SIZE, LINE, CacheMode::WriteBack)
-}
-
-/// Names what each 4 KiB sector of `got` is: 'A' (the flushed value), 'B' (the failed
-/// write's), 'O' (older than the FLUSH), '?' (anything else).
-fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
-    got.chunks(SECTOR)
-        .enumerate()
-        .map(|(i, s)| {
-            let at = i * SECTOR..(i + 1) * SECTOR;
-            if s == &a[at.clone()] {
-                'A'
-            } else if s == &b[at.clone()] {
-                'B'
-            } else if s == &o[at] {
-                'O'
-            } else {
-                '?'
-            }
-        })
-        .collect()
-}
 
 /// Finding R5-1 (the R4-1 fix does nothing when the cache device also fails the read-back).
 /// `after_failing_everywhere` reads the slot back to tell, per dirty sector, whether the
@@ -60,7 +30,7 @@ fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
 /// read-back later, before anything reads or writes back the line.
 #[test]
 fn r5_1_a_failed_read_back_leaves_the_flushed_dirty_data_damaged() {
-    let (cache_dev, backing, cache) = crash_cache();
+    let (cache_dev, backing, cache) = common::crash_cache();
     let len = LINE as usize;
     let oldest = data(9, len);
     backing.write_at(&oldest, 0).unwrap();
@@ -93,7 +63,7 @@ fn r5_1_a_failed_read_back_leaves_the_flushed_dirty_data_damaged() {
     let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
     let mut on_disk = vec![0u8; len];
     backing.read_at(&mut on_disk, 0).unwrap();
-    let disk = sector_map(&on_disk, &flushed, &failed, &oldest);
+    let disk = common::sector_map(&on_disk, &flushed, &failed, &oldest);
     assert!(
         read.is_ok() && drained.is_ok() && !disk.contains(['O', '?']),
         "line 0 (written, FLUSHed, then a write that failed on both devices and whose \
@@ -101,9 +71,9 @@ fn r5_1_a_failed_read_back_leaves_the_flushed_dirty_data_damaged() {
          write), the read returned {read:?} ({}), writeback {drained:?}, the backing device \
          holds {disk} (O older than the FLUSH): every sector must stay A or B and reach the \
          backing device",
-        sector_map(&in_slot, &flushed, &failed, &oldest),
+        common::sector_map(&in_slot, &flushed, &failed, &oldest),
         if read.is_ok() {
-            sector_map(&live, &flushed, &failed, &oldest)
+            common::sector_map(&live, &flushed, &failed, &oldest)
         } else {
             "-".into()
         }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ssdcache_device::{BlockDevice, MemDevice};
+use ssdcache_device::{BlockDevice, CrashDevice, MemDevice};
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{format, read_superblock, Cache, NewVolume};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
@@ -162,4 +162,64 @@ pub fn data(tag: u64, len: usize) -> Vec<u8> {
     }
     v.truncate(len);
     v
+}
+
+// ---- helpers of the adversarial-review tests (review*_engine.rs) ----
+
+const REVIEW_SECTOR: usize = 4096;
+
+/// A write-back cache of 32 MiB with 64 KiB lines over a 64 MiB backing device, both
+/// crash-simulating, sequential cutoff 0.
+pub fn crash_cache() -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache) {
+    setup_crash(32 << 20, 64 << 20, 64 << 10, CacheMode::WriteBack)
+}
+
+pub fn read_vec(cache: &Cache, offset: u64, len: u64) -> ssdcache_engine::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len as usize];
+    cache.volumes()[0].read(offset, &mut buf)?;
+    Ok(buf)
+}
+
+/// What a power cut leaves when every write to the cache device landed but the backing
+/// device kept only what was flushed (a legal outcome: the two devices' volatile caches are
+/// independent).
+pub fn cut_keeping_cache_writes(
+    cache_dev: &CrashDevice,
+    backing: &CrashDevice,
+) -> (Arc<CrashDevice>, Arc<CrashDevice>) {
+    (
+        Arc::new(CrashDevice::from_image("cache", cache_dev.written_image())),
+        Arc::new(CrashDevice::from_image("backing", backing.durable_image())),
+    )
+}
+
+/// Describes what a read after the restart returned, for the failure message.
+pub fn outcome(read: &ssdcache_engine::Result<Vec<u8>>, flushed: &[u8], oldest: &[u8]) -> String {
+    match read {
+        Err(e) => format!("an error ({e})"),
+        Ok(r) if r == flushed => "the flushed data".into(),
+        Ok(r) if r.iter().all(|&b| b == 0) => "zeroes".into(),
+        Ok(r) if r == oldest => "the backing device's data, older than the FLUSH".into(),
+        Ok(_) => "other data".into(),
+    }
+}
+
+/// Names what each 4 KiB sector of `got` is: 'A' (the flushed value), 'B' (the failed
+/// write's), 'O' (older than the FLUSH), '?' (anything else).
+pub fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
+    got.chunks(REVIEW_SECTOR)
+        .enumerate()
+        .map(|(i, s)| {
+            let at = i * REVIEW_SECTOR..(i + 1) * REVIEW_SECTOR;
+            if s == &a[at.clone()] {
+                'A'
+            } else if s == &b[at.clone()] {
+                'B'
+            } else if s == &o[at] {
+                'O'
+            } else {
+                '?'
+            }
+        })
+        .collect()
 }
