@@ -1,0 +1,130 @@
+//! Sixth adversarial review of the data path (issue #10), against 717ce3e (a write-back write
+//! failing on both devices whose read-back fails too marks its slot *unverified*). Each test
+//! reproduces one finding: it fails against 717ce3e and names the sequence of events and the
+//! rule of docs/design.md (§4.1, §4.8) it breaks.
+//!
+//! The common root: the mark is one bit per *slot* that stays until the slot holds no dirty
+//! data, and a marked sector accepts *any* data that is not all zeroes. 717ce3e sets it while
+//! the engine knows exactly which sectors the failed write touched and the two checksums each
+//! may hold, so the mark reaches further than what the failed write left uncertain: checksums
+//! that are exact stop catching damage (§4.8: "Otherwise the checkpoint's and the running
+//! engine's checksums are exact and any mismatch is damage").
+
+mod common;
+
+use common::data;
+use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_engine::{Cache, CleanerConfig};
+
+const LINE: u64 = 64 << 10;
+const SECTOR: usize = 4096;
+
+/// Line 0 written with `flushed` and FLUSHed (dirty in the cache, durable), over a backing
+/// device holding `oldest`. Returns the devices, the cache and line 0's slot offset.
+fn dirty_flushed_line_0(
+    flushed: &[u8],
+    oldest: &[u8],
+) -> (
+    std::sync::Arc<CrashDevice>,
+    std::sync::Arc<CrashDevice>,
+    Cache,
+    u64,
+) {
+    let (cache_dev, backing, cache) = common::crash_cache();
+    backing.write_at(oldest, 0).unwrap();
+    backing.flush().unwrap();
+    let vol = cache.volumes()[0].clone();
+    vol.write(0, flushed, false).unwrap();
+    vol.flush().expect("line 0 durable, dirty in the cache");
+    let slot = slot_holding(&cache_dev, flushed);
+    (cache_dev, backing, cache, slot)
+}
+
+/// One failing controller under both devices (as in R5-1): a write of `failed` at `offset`
+/// fails on the cache device and on the backing device, and so does the cache read-back that
+/// follows; then the link comes back.
+fn fail_everywhere(
+    cache_dev: &CrashDevice,
+    backing: &CrashDevice,
+    cache: &Cache,
+    offset: u64,
+    failed: &[u8],
+) {
+    cache_dev.fail_writes(true);
+    cache_dev.fail_reads(true);
+    backing.fail_writes(true);
+    let r = cache.volumes()[0].write(offset, failed, false);
+    cache_dev.fail_writes(false);
+    cache_dev.fail_reads(false);
+    backing.fail_writes(false);
+    assert!(r.is_err(), "the write fails on both devices");
+}
+
+/// Damages one 4 KiB sector of a slot on the cache device with bytes that are not zeroes (bit
+/// rot, a misdirected write: what the data checksums exist to catch, §4.8).
+fn damage_sector(cache_dev: &CrashDevice, slot: u64, sector: usize) -> Vec<u8> {
+    let garbage = data(0xbad, SECTOR);
+    cache_dev
+        .write_at(&garbage, slot + (sector * SECTOR) as u64)
+        .unwrap();
+    garbage
+}
+
+/// The line-sized, line-aligned region of the cache device that holds exactly `line`.
+fn slot_holding(cache_dev: &CrashDevice, line: &[u8]) -> u64 {
+    let image = cache_dev.written_image();
+    let len = line.len();
+    (0..image.len() / len)
+        .map(|i| i * len)
+        .find(|&at| image[at..at + len] == *line)
+        .expect("the line's slot on the cache device") as u64
+}
+
+fn sector_of(buf: &[u8], sector: usize) -> &[u8] {
+    &buf[sector * SECTOR..(sector + 1) * SECTOR]
+}
+
+/// Finding R6-1 (the mark covers dirty sectors the failed write never touched). Line 0 holds
+/// 16 dirty, FLUSHed sectors A. A 4 KiB write to sector 0 fails on both devices and its
+/// read-back fails: `after_failing_everywhere` calls `mark_unverified(slot)`, which marks the
+/// whole slot, so sector 8, whose checksum the engine knows exactly (the failed write never
+/// went near it), now accepts any non-zero data. The cache device then damages sector 8
+/// (garbage, not zeroes). The read returns the garbage as if it were the client's data and
+/// records its checksum (`accept_newer_data`), and the cleaner writes it to the backing
+/// device over the older copy: silent corruption where, without the mark, the read fails with
+/// EIO and the cleaner refuses the sector. Rules: §4.8 (exact checksums, any mismatch is
+/// damage; damaged dirty data never reaches the backing device) and §4.1 rule 2 (a sector
+/// holds its last durable value or a failed write's, never a third value). A fix might mark
+/// only the sectors of the failed segment that were dirty (a per-sector set, like `damaged`).
+#[test]
+fn r6_1_the_mark_covers_sectors_the_failed_write_never_touched() {
+    let len = LINE as usize;
+    let (oldest, flushed) = (data(9, len), data(1, len));
+    let (cache_dev, backing, cache, slot) = dirty_flushed_line_0(&flushed, &oldest);
+    fail_everywhere(&cache_dev, &backing, &cache, 0, &data(2, SECTOR));
+
+    let garbage = damage_sector(&cache_dev, slot, 8);
+    let read = common::read_vec(&cache, 0, LINE);
+    let returned_garbage = read.as_ref().is_ok_and(|r| sector_of(r, 8) == garbage);
+    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
+    let mut on_disk = vec![0u8; len];
+    backing.read_at(&mut on_disk, 0).unwrap();
+    assert!(
+        !returned_garbage && sector_of(&on_disk, 8) != garbage,
+        "line 0 (16 dirty FLUSHed sectors A; a 4 KiB write to sector 0 failed on both devices \
+         and its read-back failed; then the cache device damaged sector 8 with non-zero \
+         garbage): the read {} and the backing device's sector 8 {} after writeback \
+         ({drained:?}); sector 8's checksum is exact, so the damage must be detected (EIO, \
+         refused by the cleaner), not accepted as a newer write",
+        match &read {
+            Err(e) => format!("failed ({e})"),
+            Ok(_) if returned_garbage => "returned the garbage as sector 8".into(),
+            Ok(_) => "returned other data for sector 8".into(),
+        },
+        if sector_of(&on_disk, 8) == garbage {
+            "is the garbage"
+        } else {
+            "is not the garbage"
+        }
+    );
+}
