@@ -128,3 +128,64 @@ fn r6_1_the_mark_covers_sectors_the_failed_write_never_touched() {
         }
     );
 }
+
+/// Finding R6-2 (the mark outlives the uncertainty: a later successful write of every dirty
+/// sector does not clear it). Line 0: A dirty and FLUSHed; a whole-line write B fails on both
+/// devices with a failed read-back (slot marked); the daemon is stopped cleanly and started
+/// again (the checkpoint keeps the mark, `RECORD_UNVERIFIED`); then the client rewrites the whole line with
+/// C, successfully, and FLUSHes. Every dirty sector now has C's exact checksum and nothing is
+/// uncertain, but `set_dirty` leaves the slot's bit set (only `store` with no dirty data,
+/// `unmap` and `restore` touch it), and the next commit records it (`RECORD_UNVERIFIED`), so
+/// it also survives clean stops, for as long as the line stays dirty (a hot line rewritten
+/// faster than the cleaner's age threshold: indefinitely). The cache device then damages
+/// sector 3 with non-zero garbage: the read returns it as C's data and the cleaner writes it
+/// back. Rules: §4.8 (exact checksums, any mismatch is damage) and §4.1 rule 2. A fix might
+/// clear the mark of each sector a successful write (or a fill, or an accepted newer write)
+/// gives an exact checksum, which needs a per-sector mark.
+#[test]
+fn r6_2_a_later_successful_write_of_every_dirty_sector_keeps_the_mark() {
+    let len = LINE as usize;
+    let (oldest, flushed) = (data(9, len), data(1, len));
+    let (cache_dev, backing, cache, slot) = dirty_flushed_line_0(&flushed, &oldest);
+    fail_everywhere(&cache_dev, &backing, &cache, 0, &data(2, len));
+    // The failure left the volume `cache failed` (writes go around the cache until the next
+    // start); the daemon is stopped cleanly and started again, the usual way back.
+    cache.shutdown().expect("clean stop");
+    drop(cache);
+    let (cache, _) = common::open_dyn(cache_dev.clone(), backing.clone());
+    let vol = cache.volumes()[0].clone();
+    let rewritten = data(3, len);
+    vol.write(0, &rewritten, false)
+        .expect("the devices answer again: the rewrite succeeds");
+    vol.flush().expect("the rewrite is durable");
+    assert_eq!(
+        slot_holding(&cache_dev, &rewritten),
+        slot,
+        "the rewrite went into line 0's slot (write-back, the line stays cached)"
+    );
+
+    let garbage = damage_sector(&cache_dev, slot, 3);
+    let read = common::read_vec(&cache, 0, LINE);
+    let returned_garbage = read.as_ref().is_ok_and(|r| sector_of(r, 3) == garbage);
+    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
+    let mut on_disk = vec![0u8; len];
+    backing.read_at(&mut on_disk, 0).unwrap();
+    assert!(
+        !returned_garbage && sector_of(&on_disk, 3) != garbage,
+        "line 0 (A FLUSHed; a whole-line write failed on both devices with a failed \
+         read-back; then the whole line rewritten with C successfully and FLUSHed; then the \
+         cache device damaged sector 3 with non-zero garbage): the read {} and the backing \
+         device's sector 3 {} after writeback ({drained:?}); every dirty sector has C's exact \
+         checksum, so the damage must be detected, not accepted as a newer write",
+        match &read {
+            Err(e) => format!("failed ({e})"),
+            Ok(_) if returned_garbage => "returned the garbage as sector 3".into(),
+            Ok(_) => "returned other data for sector 3".into(),
+        },
+        if sector_of(&on_disk, 3) == garbage {
+            "is the garbage"
+        } else {
+            "is not the garbage"
+        }
+    );
+}
