@@ -189,3 +189,49 @@ fn r6_2_a_later_successful_write_of_every_dirty_sector_keeps_the_mark() {
         }
     );
 }
+
+/// Finding R6-3 (a sector already found damaged becomes readable). Line 0: A dirty and
+/// FLUSHed; the cache device damages sector 8 (non-zero garbage); a writeback (`drain`, which
+/// checks all dirty data first, as offline `flush` does) refuses and marks sector 8 damaged,
+/// as §4.8 requires; the volume stays healthy (the check degrades nothing). Then a 4 KiB write
+/// to sector 0 fails on both devices with a failed read-back: the whole slot is marked
+/// unverified, sector 8 included. The read path does not consult `damaged`: it re-checks the
+/// checksum and asks `settle_mismatch`, which now calls the garbage a newer write, records its
+/// checksum, and the read returns it. The engine contradicts itself: `damaged_ranges` (what
+/// `status`, `detach` and `--discard-damaged` use) still names sector 8 and the cleaner still
+/// leaves it alone, while clients read the garbage as data. Rules: §4.8 (a dirty sector that
+/// fails fails the read; a sector leaves the damaged set only when rewritten, dropped or made
+/// clean) and §4.1 rule 2. A fix might have `settle_mismatch` refuse sectors already damaged,
+/// and mark only the failed segment's sectors (R6-1).
+#[test]
+fn r6_3_a_damaged_sector_reads_as_data_once_its_slot_is_marked() {
+    let len = LINE as usize;
+    let (oldest, flushed) = (data(9, len), data(1, len));
+    let (cache_dev, backing, cache, slot) = dirty_flushed_line_0(&flushed, &oldest);
+    let garbage = damage_sector(&cache_dev, slot, 8);
+    assert!(
+        cache
+            .drain(&CleanerConfig::default(), &mut |_| true)
+            .is_err(),
+        "a writeback of damaged dirty data is refused (§4.8)"
+    );
+    let found = cache.damaged_ranges();
+    assert!(!found.is_empty(), "the check marked sector 8 damaged");
+
+    fail_everywhere(&cache_dev, &backing, &cache, 0, &data(2, SECTOR));
+    let read = common::read_vec(&cache, 0, LINE);
+    let returned_garbage = read.as_ref().is_ok_and(|r| sector_of(r, 8) == garbage);
+    assert!(
+        read.is_err(),
+        "line 0 (A FLUSHed; sector 8 damaged by the cache device and found damaged by a \
+         writeback's check ({found:?}); then a 4 KiB write to sector 0 failed on both devices \
+         with a failed read-back): the read must still fail on sector 8, but it {}, while the \
+         engine still reports damage: {:?}",
+        if returned_garbage {
+            "returned the garbage as sector 8"
+        } else {
+            "succeeded"
+        },
+        cache.damaged_ranges()
+    );
+}
