@@ -235,3 +235,52 @@ fn r6_3_a_damaged_sector_reads_as_data_once_its_slot_is_marked() {
         cache.damaged_ranges()
     );
 }
+
+/// Finding R6-4 (inside the failed segment, "either value" is widened to "any value but
+/// zeroes"). Line 0: A dirty and FLUSHed; a whole-line write B fails on both devices with a
+/// failed read-back. §3 and §4.8 say the mark makes a later read accept "either value", and
+/// the engine holds both checksums at that moment (the map's A and `new_crcs`), yet the mark
+/// accepts any data that is not all zeroes. The cache device then damages sector 5 with
+/// garbage that is neither A nor B: the read returns it and the cleaner writes it back.
+/// (After an unclean stop the engine cannot know the newer write's checksum, so the wide
+/// acceptance is its only choice there; here it is not.) Rule: §4.1 rule 2 (after a failed
+/// write a sector holds the last durable value or the failed write's; a third value is
+/// damage). The crash harness cannot see this: its devices never invent data, so "any
+/// non-zero value" and "A or B" look alike to `contract.rs`. A fix might keep the failed
+/// write's checksum beside the old one for the marked sectors and accept only those two.
+#[test]
+fn r6_4_a_marked_sector_accepts_data_that_is_neither_value() {
+    let len = LINE as usize;
+    let (oldest, flushed) = (data(9, len), data(1, len));
+    let (cache_dev, backing, cache, slot) = dirty_flushed_line_0(&flushed, &oldest);
+    let failed = data(2, len);
+    fail_everywhere(&cache_dev, &backing, &cache, 0, &failed);
+
+    let garbage = damage_sector(&cache_dev, slot, 5);
+    let read = common::read_vec(&cache, 0, LINE);
+    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
+    let mut on_disk = vec![0u8; len];
+    backing.read_at(&mut on_disk, 0).unwrap();
+    let returned = match &read {
+        Err(e) => format!("an error ({e})"),
+        Ok(r) => common::sector_map(
+            sector_of(r, 5),
+            sector_of(&flushed, 5),
+            sector_of(&failed, 5),
+            sector_of(&oldest, 5),
+        ),
+    };
+    assert!(
+        read.is_err() && sector_of(&on_disk, 5) != garbage,
+        "line 0 (A FLUSHed; a whole-line write B failed on both devices with a failed \
+         read-back; then the cache device put garbage, neither A nor B, in sector 5): the read \
+         returned {returned} for sector 5 (A, B, O older, ? anything else) and writeback \
+         ({drained:?}) left the backing device's sector 5 {}; only A or B is a value the failed \
+         write permits",
+        if sector_of(&on_disk, 5) == garbage {
+            "holding the garbage"
+        } else {
+            "without the garbage"
+        }
+    );
+}
