@@ -124,12 +124,13 @@ impl CacheCore {
     /// Settles a sector read from `slot` whose data does not match its checksum. After an
     /// unclean stop the data may be a write newer than the last commit (the contract lets it
     /// survive), so it is accepted, unless it reads as zeroes: that is what a lost, truncated or
-    /// discarded region returns. Otherwise the sector is damaged (and, if dirty, marked so the
-    /// cleaner never writes it back).
+    /// discarded region returns. After a write that failed everywhere (`allow_either`) only
+    /// that write's data is accepted. Otherwise the sector is damaged (and, if dirty, marked
+    /// so the cleaner never writes it back); a sector once found damaged stays so.
     pub fn settle_mismatch(&self, slot: u32, sector: usize, data: &[u8]) -> Mismatch {
+        let zeroes = data.iter().all(|&b| b == 0);
         let mut map = self.map();
-        if map.is_unverified(slot, sector) && data.iter().any(|&b| b != 0) {
-            map.accept_newer_data(slot, sector, sector_crc(data));
+        if map.accept_newer_data(slot, sector, sector_crc(data), zeroes) {
             return Mismatch::NewerWrite;
         }
         map.mark_damaged(slot, sector);

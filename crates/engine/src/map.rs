@@ -51,13 +51,22 @@ pub struct MapState {
     sectors_per_line: usize,
     /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid.
     crcs: Vec<u32>,
-    /// One bit per slot: its dirty sectors were restored from the journal after an unclean
-    /// stop, so their checksums are the ones the last commit recorded, and a write made after
-    /// that commit (not yet flushed, so allowed to be lost or kept) may have replaced the data
-    /// in place. A read of such a dirty sector that does not match accepts the data as that
-    /// newer write unless it reads as zeroes (what a lost or truncated region returns). Kept
-    /// across a clean stop (`RECORD_UNVERIFIED`); cleared when the slot has no dirty data.
+    /// Dirty sectors whose checksum may not describe their data, `words_per_line` per slot.
+    /// After an unclean stop every dirty sector restored from the journal is one: its checksum
+    /// is the one the last commit recorded, and a write made after that commit (not yet
+    /// flushed, so allowed to be lost or kept) may have replaced the data in place. A read of
+    /// such a sector that does not match accepts the data as that newer write unless it reads
+    /// as zeroes (what a lost or truncated region returns), and from then on its checksum is
+    /// exact again. A sector leaves the set when a write, an accepted read or a check gives it
+    /// an exact checksum, or when it stops being dirty. Records carry one bit for the slot
+    /// (`RECORD_UNVERIFIED`), so across a clean stop the mark widens to all of the slot's
+    /// dirty sectors.
     unverified: Vec<u64>,
+    /// Dirty sectors that hold either the data their checksum describes or a failed write's,
+    /// whose checksum is kept here: a write-back write that failed on both devices and whose
+    /// read-back failed too (`allow_either`). Only those two values are accepted. Recorded as
+    /// `RECORD_UNVERIFIED` (the format has room for one checksum per sector). Sparse.
+    either: HashMap<u32, EitherCrcs>,
     /// Dirty sectors whose data failed its checksum (the cache lost or damaged them): the
     /// cleaner leaves them alone (writing them back would put garbage on the backing device),
     /// reads of them fail, and `Cache::verify_dirty` names them. A sector leaves the set when
@@ -89,6 +98,13 @@ pub struct MapState {
     sectors_valid: [u64; MAX_VOLUMES],
     sectors_dirty: [u64; MAX_VOLUMES],
     lines_dirty: [u64; MAX_VOLUMES],
+}
+
+/// The failed write's checksum of each sector marked by `MapState::allow_either`.
+#[derive(Debug, Clone, Default)]
+struct EitherCrcs {
+    sectors: SectorBitmap,
+    crcs: Vec<u32>,
 }
 
 /// Where a line is cached and which of its sectors are valid.
@@ -124,7 +140,8 @@ impl MapState {
             words_per_line,
             sectors_per_line,
             crcs: vec![0; n * sectors_per_line],
-            unverified: vec![0; n.div_ceil(64)],
+            unverified: vec![0; n * words_per_line],
+            either: HashMap::new(),
             damaged: HashMap::new(),
             epoch: vec![0; n],
             dirty_since: vec![0; n],
@@ -202,9 +219,7 @@ impl MapState {
                 self.damaged.remove(&slot);
             }
         }
-        if dirty.is_empty() {
-            self.set_unverified(slot, false);
-        }
+        self.keep_marks_within(slot, &dirty);
         if valid.is_empty() {
             self.release(slot)?;
         }
@@ -313,7 +328,8 @@ impl MapState {
         let at = slot as usize * wpl;
         self.valid[at..at + wpl].fill(0);
         self.dirty[at..at + wpl].fill(0);
-        self.set_unverified(slot, false);
+        self.unverified[at..at + wpl].fill(0);
+        self.either.remove(&slot);
         self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.policy.remove(slot);
@@ -416,6 +432,9 @@ impl MapState {
                 bits.set(s, false);
             }
         }
+        for s in first..first + count {
+            self.settle_marks(slot, s);
+        }
         // A rewritten sector's checksum changes the record even when its dirty bit does not:
         // the next commit must carry it, or a FLUSH would leave the old checksum durable.
         self.note_changed(slot);
@@ -431,34 +450,96 @@ impl MapState {
     /// Whether a dirty sector's checksum may predate a newer write that landed before an
     /// unclean stop (see `unverified`).
     pub fn is_unverified(&self, slot: u32, sector: usize) -> bool {
-        self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1
-            && self.dirty_bits(slot).get(sector)
+        self.unverified_bits(slot).get(sector) && self.dirty_bits(slot).get(sector)
     }
 
-    fn set_unverified(&mut self, slot: u32, on: bool) {
-        let bit = 1u64 << (slot % 64);
-        let word = &mut self.unverified[slot as usize / 64];
-        if on {
-            *word |= bit;
-        } else {
-            *word &= !bit;
+    fn unverified_bits(&self, slot: u32) -> SectorBitmap {
+        Self::load(&self.unverified, self.words_per_line, slot)
+    }
+
+    fn set_unverified_bits(&mut self, slot: u32, bits: &SectorBitmap) {
+        let wpl = self.words_per_line;
+        let at = slot as usize * wpl;
+        self.unverified[at..at + wpl].copy_from_slice(&bits.0[..wpl]);
+    }
+
+    /// Whether the slot's record must carry `RECORD_UNVERIFIED`.
+    fn has_marks(&self, slot: u32) -> bool {
+        !self.unverified_bits(slot).is_empty() || self.either.contains_key(&slot)
+    }
+
+    /// Drops the marks of sectors that are no longer dirty.
+    fn keep_marks_within(&mut self, slot: u32, dirty: &SectorBitmap) {
+        let mut bits = self.unverified_bits(slot);
+        for w in 0..4 {
+            bits.0[w] &= dirty.0[w];
+        }
+        self.set_unverified_bits(slot, &bits);
+        if let Some(either) = self.either.get_mut(&slot) {
+            for w in 0..4 {
+                either.sectors.0[w] &= dirty.0[w];
+            }
+            if either.sectors.is_empty() {
+                self.either.remove(&slot);
+            }
         }
     }
 
-    /// Marks a slot's dirty sectors unverified (see `unverified`): a failed write may have
-    /// replaced some of them in place and which ones cannot be read back. The next commit
-    /// records the flag, so it survives restarts until the slot has no dirty data.
-    pub fn mark_unverified(&mut self, slot: u32) {
-        if self.keys[slot as usize] != NO_KEY && !self.dirty_bits(slot).is_empty() {
-            self.set_unverified(slot, true);
+    /// A sector's checksum is exact again: it leaves `unverified` and `either`.
+    fn settle_marks(&mut self, slot: u32, sector: usize) {
+        let mut bits = self.unverified_bits(slot);
+        if bits.get(sector) {
+            bits.set(sector, false);
+            self.set_unverified_bits(slot, &bits);
+        }
+        if let Some(either) = self.either.get_mut(&slot) {
+            either.sectors.set(sector, false);
+            if either.sectors.is_empty() {
+                self.either.remove(&slot);
+            }
+        }
+    }
+
+    /// A write of `failed_crcs` from sector `first` failed on the cache device and on the
+    /// backing device, and the slot could not be read back: each of those sectors that is
+    /// dirty now holds its old data or the failed write's, and a later check accepts exactly
+    /// those two (see `either`). Damaged sectors stay damaged. The next commit records the
+    /// mark, so it survives restarts (widened, see `unverified`) until the data is settled.
+    pub fn allow_either(&mut self, slot: u32, first: usize, failed_crcs: &[u32]) {
+        if self.keys[slot as usize] == NO_KEY {
+            return;
+        }
+        let (dirty, damaged) = (self.dirty_bits(slot), self.damaged_of(slot));
+        let base = slot as usize * self.sectors_per_line;
+        let spl = self.sectors_per_line;
+        let mut marked = false;
+        for (i, &crc) in failed_crcs.iter().enumerate() {
+            let s = first + i;
+            let uncertain = dirty.get(s)
+                && !damaged.get(s)
+                && !self.is_unverified(slot, s)
+                && self.crcs[base + s] != crc;
+            if uncertain {
+                let either = self.either.entry(slot).or_insert_with(|| EitherCrcs {
+                    sectors: SectorBitmap::default(),
+                    crcs: vec![0; spl],
+                });
+                either.sectors.set(s, true);
+                either.crcs[s] = crc;
+                marked = true;
+            }
+        }
+        if marked {
             self.note_changed(slot);
         }
     }
 
-    /// Marks a dirty sector whose data failed its checksum (see `damaged`).
+    /// Marks a dirty sector whose data failed its checksum (see `damaged`). Its data is no
+    /// longer accepted as a newer write.
     pub fn mark_damaged(&mut self, slot: u32, sector: usize) {
         if self.dirty_bits(slot).get(sector) {
             self.damaged.entry(slot).or_default().set(sector, true);
+            self.settle_marks(slot, sector);
         }
     }
 
@@ -475,13 +556,27 @@ impl MapState {
             .collect()
     }
 
-    /// Accepts `crc` as an unverified sector's checksum: its data is a write newer than the
-    /// last commit. The next commit records it.
-    pub fn accept_newer_data(&mut self, slot: u32, sector: usize, crc: u32) {
-        if self.is_unverified(slot, sector) {
-            self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
-            self.note_changed(slot);
+    /// Settles a dirty sector whose data (checksum `crc`, `zeroes` when it reads as all
+    /// zeroes) does not match the map's checksum: accepted when it is the failed write an
+    /// `either` mark allows, or when the sector is `unverified` and not zeroes. An accepted
+    /// checksum is exact from then on and the next commit records it. Damaged sectors and
+    /// every other mismatch are refused (false).
+    pub fn accept_newer_data(&mut self, slot: u32, sector: usize, crc: u32, zeroes: bool) -> bool {
+        if !self.dirty_bits(slot).get(sector) || self.damaged_of(slot).get(sector) {
+            return false;
         }
+        let failed_write = self
+            .either
+            .get(&slot)
+            .is_some_and(|e| e.sectors.get(sector) && e.crcs[sector] == crc);
+        let newer_write = !zeroes && self.is_unverified(slot, sector);
+        if !(failed_write || newer_write) {
+            return false;
+        }
+        self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
+        self.settle_marks(slot, sector);
+        self.note_changed(slot);
+        true
     }
 
     /// Drops sectors of a slot (valid and dirty); frees it when nothing valid remains.
@@ -631,10 +726,13 @@ impl MapState {
         }
         let valid = self.valid_bits(slot);
         let base = slot as usize * self.sectors_per_line;
-        let unverified = self.unverified[slot as usize / 64] >> (slot % 64) & 1 == 1;
         LineRecord {
             volume: volume_of(key),
-            flags: if unverified { RECORD_UNVERIFIED } else { 0 },
+            flags: if self.has_marks(slot) {
+                RECORD_UNVERIFIED
+            } else {
+                0
+            },
             backing_line: line_of(key),
             valid,
             dirty: self.dirty_bits(slot),
@@ -791,8 +889,9 @@ impl MapState {
         for s in 0..self.sectors_per_line {
             self.crcs[base + s] = rec.crc(s);
         }
-        let unverified = unverified || rec.flags & RECORD_UNVERIFIED != 0;
-        self.set_unverified(slot, unverified && !dirty.is_empty());
+        if unverified || rec.flags & RECORD_UNVERIFIED != 0 {
+            self.set_unverified_bits(slot, &dirty);
+        }
         self.store(slot, valid, dirty, 0)?;
         // Whatever was restored came from durable metadata.
         self.set_recorded_dirty(slot, &dirty);

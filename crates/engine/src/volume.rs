@@ -1097,10 +1097,9 @@ impl Volume {
                 }
             }
             if read_back.is_err() {
-                // Which data each dirty sector holds is unknown: either is a value the failed
-                // write may leave, so a later read or writeback accepts either (only zeroes,
-                // what a lost region reads as, count as damage).
-                m.mark_unverified(slot);
+                // Which data each dirty sector holds is unknown: a later read or writeback
+                // accepts the old data or the failed write's, nothing else.
+                m.allow_either(slot, seg.first_sector, new_crcs);
             }
             m.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
         })
