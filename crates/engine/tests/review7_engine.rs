@@ -1,0 +1,154 @@
+//! Seventh adversarial review of the data path (issue #10), against 92b075b (the *unverified*
+//! mark is per sector and goes when a sector's checksum is exact again; a write failing on
+//! both devices whose read-back fails marks the sectors it covered `either`: the old checksum
+//! or the failed write's). Each test reproduces one finding: it fails against 92b075b and
+//! names the sequence of events and the rule of docs/design.md (§4.1, §4.8) it breaks.
+//!
+//! The devices are `CrashDevice`s. Where a test puts a value into the cache device by hand, it
+//! is a value the device model allows there (§4.1: "a write that failed may have landed in
+//! part"; an unflushed write may land whole): the test only fixes which of the legal outcomes
+//! happened, so that the finding does not depend on which sectors `CrashDevice` lets land.
+
+mod common;
+
+use common::data;
+use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_engine::{Cache, CleanerConfig};
+use std::sync::Arc;
+
+const LINE: u64 = 64 << 10;
+const SECTOR: usize = 4096;
+
+/// Line 0 written with `flushed` and FLUSHed (dirty in the cache, durable), over a backing
+/// device holding `oldest`. Returns the devices, the cache and line 0's slot offset.
+fn dirty_flushed_line_0(
+    flushed: &[u8],
+    oldest: &[u8],
+) -> (Arc<CrashDevice>, Arc<CrashDevice>, Cache, u64) {
+    let (cache_dev, backing, cache) = common::crash_cache();
+    backing.write_at(oldest, 0).unwrap();
+    backing.flush().unwrap();
+    let vol = cache.volumes()[0].clone();
+    vol.write(0, flushed, false).unwrap();
+    vol.flush().expect("line 0 durable, dirty in the cache");
+    let slot = slot_holding(&cache_dev, flushed);
+    (cache_dev, backing, cache, slot)
+}
+
+/// One failing controller under both devices (as in R5-1, R6-*): a write of `failed` at
+/// `offset` fails on the cache device and on the backing device, and so does the cache
+/// read-back that follows; then the link comes back.
+fn fail_everywhere(
+    cache_dev: &CrashDevice,
+    backing: &CrashDevice,
+    cache: &Cache,
+    offset: u64,
+    failed: &[u8],
+) {
+    cache_dev.fail_writes(true);
+    cache_dev.fail_reads(true);
+    backing.fail_writes(true);
+    let r = cache.volumes()[0].write(offset, failed, false);
+    cache_dev.fail_writes(false);
+    cache_dev.fail_reads(false);
+    backing.fail_writes(false);
+    assert!(r.is_err(), "the write fails on both devices");
+}
+
+/// A check of every dirty sector (`drain` runs `verify_dirty` first, as offline `flush`,
+/// `detach` and `recover` do) while the cache device cannot be read (the same failing link),
+/// then the link comes back. Every dirty sector is counted damaged (unreadable).
+fn check_while_unreadable(cache_dev: &CrashDevice, cache: &Cache) {
+    cache_dev.fail_reads(true);
+    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
+    cache_dev.fail_reads(false);
+    assert!(
+        drained.is_err(),
+        "nothing is written back while the cache device cannot be read"
+    );
+    assert!(
+        !cache.damaged_ranges().is_empty(),
+        "the check counts the unreadable dirty sectors as damaged"
+    );
+}
+
+/// The line-sized, line-aligned region of the cache device that holds exactly `line`.
+fn slot_holding(cache_dev: &CrashDevice, line: &[u8]) -> u64 {
+    let image = cache_dev.written_image();
+    let len = line.len();
+    (0..image.len() / len)
+        .map(|i| i * len)
+        .find(|&at| image[at..at + len] == *line)
+        .expect("the line's slot on the cache device") as u64
+}
+
+fn sector_of(buf: &[u8], sector: usize) -> &[u8] {
+    &buf[sector * SECTOR..(sector + 1) * SECTOR]
+}
+
+fn describe_sector(
+    read: &ssdcache_engine::Result<Vec<u8>>,
+    sector: usize,
+    a: &[u8],
+    b: &[u8],
+    o: &[u8],
+) -> String {
+    match read {
+        Err(e) => format!("an error ({e})"),
+        Ok(r) => common::sector_map(
+            sector_of(r, sector),
+            sector_of(a, sector),
+            sector_of(b, sector),
+            sector_of(o, sector),
+        ),
+    }
+}
+
+/// Finding R7-1 (a moment of unreadability erases the `either` mark, so the failed write's
+/// data, a value the contract permits, can never be read again). Line 0: A dirty and
+/// FLUSHed. A 4 KiB write B to sector 0 fails on both devices and its read-back fails:
+/// `allow_either` lets sector 0 hold A or B. While the link is still down, a check of the
+/// dirty data runs (`drain`, or offline `flush`/`detach`: `verify_dirty`): `verify_line`
+/// cannot read the line and calls `mark_damaged` on every dirty sector, which since 92b075b
+/// also drops the sector's marks (`settle_marks`). Nothing was learnt about the data (it was
+/// not read), yet the mark is gone. The link comes back; sector 0 holds B (the failed write
+/// landed there, which the device model allows). A read of line 0 now compares B with A's
+/// checksum, `accept_newer_data` refuses it (damaged, and no mark left), and the read fails
+/// with EIO; the cleaner never writes sector 0 back; the next checkpoint records the slot
+/// without `RECORD_UNVERIFIED` (no mark remains, and `mark_damaged` notes no change anyway),
+/// so after a restart B is plain damage for good. The unclean-stop mark (R7-2) goes the same
+/// way. Before 92b075b the slot's bit survived `mark_damaged` and B was read back. Rules:
+/// §4.1 rule 2 (a sector reads as the last durable value or one written after it: B was
+/// written after A, and an EIO is neither) and §4.8 (a failed write's data is accepted).
+/// "Unreadable" is not "found damaged": sectors 1..15, equally marked damaged, read fine
+/// because their data matches. A fix might keep the marks when a check could not read the
+/// sector (only a read that returned data proves damage), or keep unreadability apart from
+/// damage.
+#[test]
+fn r7_1_an_unreadable_check_erases_the_either_mark_and_the_failed_writes_data_reads_eio() {
+    let len = LINE as usize;
+    let (oldest, flushed) = (data(9, len), data(1, len));
+    let (cache_dev, backing, cache, slot) = dirty_flushed_line_0(&flushed, &oldest);
+    let failed = data(2, SECTOR);
+    fail_everywhere(&cache_dev, &backing, &cache, 0, &failed);
+    check_while_unreadable(&cache_dev, &cache);
+    // The failed write landed in sector 0 (a legal outcome; CrashDevice may or may not have
+    // applied it already).
+    cache_dev.write_at(&failed, slot).unwrap();
+
+    let read = common::read_vec(&cache, 0, LINE);
+    let mut b_line = flushed.clone();
+    b_line[..SECTOR].copy_from_slice(&failed);
+    assert!(
+        read.as_ref()
+            .is_ok_and(|r| sector_of(r, 0) == failed.as_slice()),
+        "line 0 (A FLUSHed; a 4 KiB write B to sector 0 failed on both devices with a failed \
+         read-back, so sector 0 may hold A or B; a check of the dirty data ran while the cache \
+         device could not be read; then the link came back and sector 0 holds B): the read \
+         returned {} for sector 0 (A, B, O older, ? anything else); B is the failed write's \
+         data, a value the contract permits, and the check that could not read it learnt \
+         nothing about it. Damage reported: {:?}",
+        describe_sector(&read, 0, &flushed, &b_line, &oldest),
+        cache.damaged_ranges()
+    );
+}
