@@ -152,3 +152,52 @@ fn r7_1_an_unreadable_check_erases_the_either_mark_and_the_failed_writes_data_re
         cache.damaged_ranges()
     );
 }
+
+/// Finding R7-2 (the same erasure after an unclean stop: a newer write that landed before the
+/// cut reads as EIO). Line 0: A written and FLUSHed; then sector 0 rewritten with C, not
+/// flushed; the power is cut with C on the cache device (the journal still records A's
+/// checksum, a legal outcome). After the restart every dirty sector is unverified, so C would
+/// be accepted as the newer write (§4.8). But a check of the dirty data runs while the cache
+/// device cannot be read (a moment's unreadability, as in R7-1): `mark_damaged` drops every
+/// sector's unverified mark. The device answers again; the read compares C with A's checksum,
+/// refuses it (damaged, no mark) and fails with EIO; after a clean stop the checkpoint has no
+/// `RECORD_UNVERIFIED` for the slot, so C is refused for good. Before 92b075b the slot's bit
+/// stayed. Rule: §4.1 rule 2 (after a crash a sector reads as the last durable value or a
+/// value written after it; C was written after A) and §4.8 (after an unclean stop a non-zero
+/// mismatch is accepted as the newer write).
+#[test]
+fn r7_2_an_unreadable_check_after_an_unclean_stop_erases_the_unverified_mark() {
+    let len = LINE as usize;
+    let (oldest, flushed) = (data(9, len), data(1, len));
+    let (cache_dev, backing, cache, slot) = dirty_flushed_line_0(&flushed, &oldest);
+    let newer = data(3, SECTOR);
+    cache.volumes()[0]
+        .write(0, &newer, false)
+        .expect("a write after the FLUSH, not flushed");
+    let (cut_cache, cut_backing) = common::cut_keeping_cache_writes(&cache_dev, &backing);
+    drop(cache);
+    let (cache, _) = common::open_dyn(cut_cache.clone(), cut_backing.clone());
+    let on_cache = cut_cache.written_image();
+    assert_eq!(
+        &on_cache[slot as usize..slot as usize + SECTOR],
+        newer.as_slice(),
+        "the cut kept C in sector 0 of line 0's slot"
+    );
+    check_while_unreadable(&cut_cache, &cache);
+
+    let read = common::read_vec(&cache, 0, LINE);
+    let mut c_line = flushed.clone();
+    c_line[..SECTOR].copy_from_slice(&newer);
+    assert!(
+        read.as_ref()
+            .is_ok_and(|r| sector_of(r, 0) == newer.as_slice()),
+        "line 0 (A FLUSHed; sector 0 rewritten with C, not flushed; power cut keeping C on the \
+         cache device; restart; a check of the dirty data ran while the cache device could not \
+         be read; then it answered again): the read returned {} for sector 0 (A, B = C, O \
+         older, ? anything else); C was written after the FLUSH, a value the contract \
+         permits, and the check that could not read it learnt nothing about it. Damage \
+         reported: {:?}",
+        describe_sector(&read, 0, &flushed, &c_line, &oldest),
+        cache.damaged_ranges()
+    );
+}
