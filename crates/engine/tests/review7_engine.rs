@@ -72,6 +72,16 @@ fn check_while_unreadable(cache_dev: &CrashDevice, cache: &Cache) {
     );
 }
 
+/// Damages one 4 KiB sector of a slot on the cache device with bytes that are not zeroes (bit
+/// rot, a misdirected write: what the data checksums exist to catch, §4.8).
+fn damage_sector(cache_dev: &CrashDevice, slot: u64, sector: usize) -> Vec<u8> {
+    let garbage = data(0xbad, SECTOR);
+    cache_dev
+        .write_at(&garbage, slot + (sector * SECTOR) as u64)
+        .unwrap();
+    garbage
+}
+
 /// The line-sized, line-aligned region of the cache device that holds exactly `line`.
 fn slot_holding(cache_dev: &CrashDevice, line: &[u8]) -> u64 {
     let image = cache_dev.written_image();
@@ -199,5 +209,66 @@ fn r7_2_an_unreadable_check_after_an_unclean_stop_erases_the_unverified_mark() {
          reported: {:?}",
         describe_sector(&read, 0, &flushed, &c_line, &oldest),
         cache.damaged_ranges()
+    );
+}
+
+/// Finding R7-3 (a matching read does not settle a mark, so the mark outlives its evidence
+/// and, across the clean stop that is the only way out of `cache failed`, widens back into
+/// R6-1). Line 0: A dirty and FLUSHed. A 4 KiB write B to sector 0 fails on both devices with
+/// a failed read-back: sector 0 gets an `either` mark. The failed write did not land (sector 0
+/// still holds A, a legal outcome). The client reads line 0: every sector matches its
+/// checksum, sector 0 included, so the engine now knows sector 0 holds A and nothing is
+/// uncertain, but a matching read settles nothing (`verify_cached` only calls
+/// `settle_mismatch` on a mismatch), so the mark stays and the next record carries
+/// `RECORD_UNVERIFIED`. The volume is `cache failed` (writes go around the cache until the next
+/// start), so the daemon is stopped cleanly and started again: the checkpoint's flag marks all
+/// 16 dirty sectors unverified. The cache device then damages sector 8 (non-zero garbage),
+/// which the failed write never touched: the read returns the garbage as a newer write and
+/// the cleaner writes it to the backing device. design.md §4.8 documents the widening, but
+/// here it is avoidable without a format change: the read proved the mark void (and a clean
+/// stop could read the few marked sectors and settle them before its checkpoint). Rules:
+/// §4.8 (exact checksums, any mismatch is damage; damaged dirty data never reaches the
+/// backing device) and §4.1 rule 2.
+#[test]
+fn r7_3_a_matching_read_leaves_the_mark_which_widens_across_the_clean_restart() {
+    let len = LINE as usize;
+    let (oldest, flushed) = (data(9, len), data(1, len));
+    let (cache_dev, backing, cache, slot) = dirty_flushed_line_0(&flushed, &oldest);
+    fail_everywhere(&cache_dev, &backing, &cache, 0, &data(2, SECTOR));
+    // The failed write did not land (a legal outcome).
+    cache_dev.write_at(sector_of(&flushed, 0), slot).unwrap();
+    let before = common::read_vec(&cache, 0, LINE);
+    assert!(
+        before.as_ref().is_ok_and(|r| *r == flushed),
+        "line 0 reads as A: every sector matches its checksum"
+    );
+    cache.shutdown().expect("clean stop");
+    drop(cache);
+    let (cache, _) = common::open_dyn(cache_dev.clone(), backing.clone());
+
+    let garbage = damage_sector(&cache_dev, slot, 8);
+    let read = common::read_vec(&cache, 0, LINE);
+    let returned_garbage = read.as_ref().is_ok_and(|r| sector_of(r, 8) == garbage);
+    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
+    let mut on_disk = vec![0u8; len];
+    backing.read_at(&mut on_disk, 0).unwrap();
+    assert!(
+        !returned_garbage && sector_of(&on_disk, 8) != garbage,
+        "line 0 (A FLUSHed; a 4 KiB write to sector 0 failed on both devices with a failed \
+         read-back and did not land; a read of line 0 matched every checksum; clean stop and \
+         start; then the cache device damaged sector 8 with non-zero garbage): the read {} and \
+         the backing device's sector 8 {} after writeback ({drained:?}); sector 8 was never \
+         touched by the failed write and every mark was disproved by the read, so the damage \
+         must be detected",
+        match &read {
+            Err(e) => format!("failed ({e})"),
+            Ok(_) if returned_garbage => "returned the garbage as sector 8".into(),
+            Ok(_) => "returned other data for sector 8".into(),
+        },
+        if sector_of(&on_disk, 8) == garbage {
+            "is the garbage"
+        } else {
+            "is not the garbage"
+        }
     );
 }
