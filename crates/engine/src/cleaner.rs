@@ -375,15 +375,20 @@ impl Cache {
         let (volume_id, line) = (volume_of(planned.key), line_of(planned.key));
         let _held = core.locks.lock_range(volume_id, line, line);
         let spl = self.layout().sectors_per_line() as usize;
-        let (dirty, crcs) = {
+        let (dirty, crcs, confirm) = {
             let map = core.map();
             if map.key_of(planned.slot) != planned.key {
                 return Ok(0); // written back or dropped meanwhile
             }
             let mut crcs = [0u32; 256];
-            map.sector_crcs(planned.slot, 0, &mut crcs[..spl]);
-            (map.dirty_of(planned.slot).unwrap_or_default(), crcs)
+            let confirm = map.sector_crcs(planned.slot, 0, &mut crcs[..spl]);
+            (
+                map.dirty_of(planned.slot).unwrap_or_default(),
+                crcs,
+                confirm,
+            )
         };
+        let mut matched = SectorBitmap::default();
         let mut buf = AlignedBuf::zeroed(self.layout().line_size as usize);
         let base = self.layout().slot_offset(u64::from(planned.slot));
         let mut bytes = 0;
@@ -398,16 +403,20 @@ impl Cache {
             let at = base + s as u64 * SECTOR_SIZE;
             let readable = core.dev.read_at(run, at).is_ok() || core.dev.read_at(run, at).is_ok();
             for (i, sector) in run.chunks(SECTOR_SIZE as usize).enumerate() {
-                let sound = readable
-                    && (sector_crc(sector) == crcs[s + i]
-                        || core.settle_mismatch(planned.slot, s + i, sector)
-                            == Mismatch::NewerWrite);
-                if !sound {
-                    core.map().mark_damaged(planned.slot, s + i);
+                if !readable {
+                    core.map().mark_unreadable(planned.slot, s + i);
+                } else if sector_crc(sector) == crcs[s + i] {
+                    matched.set(s + i, true);
+                } else {
+                    // Marks the sector damaged unless the data is a newer write it accepts.
+                    core.settle_mismatch(planned.slot, s + i, sector);
                 }
             }
             bytes += run.len() as u64;
             s = end;
+        }
+        if confirm {
+            core.map().confirm_sectors(planned.slot, &matched);
         }
         Ok(bytes)
     }

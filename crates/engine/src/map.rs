@@ -427,12 +427,8 @@ impl MapState {
         self.store(slot, valid, dirty, now)?;
         let base = slot as usize * self.sectors_per_line;
         self.crcs[base + first..base + first + count].copy_from_slice(crcs);
-        if let Some(bits) = self.damaged.get_mut(&slot) {
-            for s in first..first + count {
-                bits.set(s, false);
-            }
-        }
         for s in first..first + count {
+            self.clear_damaged(slot, s);
             self.settle_marks(slot, s);
         }
         // A rewritten sector's checksum changes the record even when its dirty bit does not:
@@ -441,10 +437,36 @@ impl MapState {
         Ok(())
     }
 
-    /// The checksums of `out.len()` sectors of a slot from `first`.
-    pub fn sector_crcs(&self, slot: u32, first: usize, out: &mut [u32]) {
+    /// The checksums of `out.len()` sectors of a slot from `first`. Returns whether sectors
+    /// that match them should be reported back (`confirm_sectors`): the slot has marks or
+    /// damaged sectors that a match settles.
+    pub fn sector_crcs(&self, slot: u32, first: usize, out: &mut [u32]) -> bool {
         let at = slot as usize * self.sectors_per_line + first;
         out.copy_from_slice(&self.crcs[at..at + out.len()]);
+        self.has_marks(slot) || self.damaged.contains_key(&slot)
+    }
+
+    /// Sectors of a slot (bit *s* of `matched` = sector *s*) whose data was just read under
+    /// the line's lock and matched the checksum `sector_crcs` gave: that checksum is exact, so
+    /// their marks go (else a clean stop would widen them, see `unverified`) and so does an
+    /// earlier damage finding (a read error, or data since rewritten in place).
+    pub fn confirm_sectors(&mut self, slot: u32, matched: &SectorBitmap) {
+        let dirty = self.dirty_bits(slot);
+        for s in 0..self.sectors_per_line {
+            if matched.get(s) && dirty.get(s) {
+                self.settle_marks(slot, s);
+                self.clear_damaged(slot, s);
+            }
+        }
+    }
+
+    fn clear_damaged(&mut self, slot: u32, sector: usize) {
+        if let Some(bits) = self.damaged.get_mut(&slot) {
+            bits.set(sector, false);
+            if bits.is_empty() {
+                self.damaged.remove(&slot);
+            }
+        }
     }
 
     /// Whether a dirty sector's checksum may predate a newer write that landed before an
@@ -503,23 +525,36 @@ impl MapState {
     /// A write of `failed_crcs` from sector `first` failed on the cache device and on the
     /// backing device, and the slot could not be read back: each of those sectors that is
     /// dirty now holds its old data or the failed write's, and a later check accepts exactly
-    /// those two (see `either`). Damaged sectors stay damaged. The next commit records the
+    /// those two (see `either`). The next commit records the
     /// mark, so it survives restarts (widened, see `unverified`) until the data is settled.
     pub fn allow_either(&mut self, slot: u32, first: usize, failed_crcs: &[u32]) {
         if self.keys[slot as usize] == NO_KEY {
             return;
         }
-        let (dirty, damaged) = (self.dirty_bits(slot), self.damaged_of(slot));
+        // Damaged sectors too: whatever they held, the failed write's data may now be there.
+        let dirty = self.dirty_bits(slot);
         let base = slot as usize * self.sectors_per_line;
         let spl = self.sectors_per_line;
         let mut marked = false;
         for (i, &crc) in failed_crcs.iter().enumerate() {
             let s = first + i;
-            let uncertain = dirty.get(s)
-                && !damaged.get(s)
-                && !self.is_unverified(slot, s)
-                && self.crcs[base + s] != crc;
-            if uncertain {
+            let uncertain =
+                dirty.get(s) && !self.is_unverified(slot, s) && self.crcs[base + s] != crc;
+            let earlier = self
+                .either
+                .get(&slot)
+                .filter(|e| e.sectors.get(s))
+                .map(|e| e.crcs[s]);
+            if uncertain && earlier.is_some_and(|c| c != crc) {
+                // A third possible value (an earlier failed write's): only "not zeroes" is
+                // left to check (cannot happen today: the first failure stops write-back
+                // until a restart).
+                self.settle_marks(slot, s);
+                let mut bits = self.unverified_bits(slot);
+                bits.set(s, true);
+                self.set_unverified_bits(slot, &bits);
+                marked = true;
+            } else if uncertain {
                 let either = self.either.entry(slot).or_insert_with(|| EitherCrcs {
                     sectors: SectorBitmap::default(),
                     crcs: vec![0; spl],
@@ -534,12 +569,21 @@ impl MapState {
         }
     }
 
-    /// Marks a dirty sector whose data failed its checksum (see `damaged`). Its data is no
-    /// longer accepted as a newer write.
+    /// Marks a dirty sector whose data failed its checksum and was not accepted as a newer
+    /// write (see `damaged`): that data is damage, so its marks go and it is never accepted
+    /// later (until rewritten).
     pub fn mark_damaged(&mut self, slot: u32, sector: usize) {
         if self.dirty_bits(slot).get(sector) {
             self.damaged.entry(slot).or_default().set(sector, true);
             self.settle_marks(slot, sector);
+        }
+    }
+
+    /// Marks a dirty sector the cache device could not read (see `damaged`). Nothing is known
+    /// of its data, so its marks stay: once readable, a value they allow is still accepted.
+    pub fn mark_unreadable(&mut self, slot: u32, sector: usize) {
+        if self.dirty_bits(slot).get(sector) {
+            self.damaged.entry(slot).or_default().set(sector, true);
         }
     }
 
@@ -559,10 +603,10 @@ impl MapState {
     /// Settles a dirty sector whose data (checksum `crc`, `zeroes` when it reads as all
     /// zeroes) does not match the map's checksum: accepted when it is the failed write an
     /// `either` mark allows, or when the sector is `unverified` and not zeroes. An accepted
-    /// checksum is exact from then on and the next commit records it. Damaged sectors and
-    /// every other mismatch are refused (false).
+    /// checksum is exact from then on and the next commit records it. Every other mismatch is
+    /// refused (false); a sector found damaged has no marks left (`mark_damaged`).
     pub fn accept_newer_data(&mut self, slot: u32, sector: usize, crc: u32, zeroes: bool) -> bool {
-        if !self.dirty_bits(slot).get(sector) || self.damaged_of(slot).get(sector) {
+        if !self.dirty_bits(slot).get(sector) {
             return false;
         }
         let failed_write = self
@@ -575,6 +619,7 @@ impl MapState {
         }
         self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
         self.settle_marks(slot, sector);
+        self.clear_damaged(slot, sector);
         self.note_changed(slot);
         true
     }

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use ssdcache_device::{AlignedBuf, BlockDevice};
-use ssdcache_format::{sector_crc, CacheMode, VolumeCounters, VolumeSlot, SECTOR_SIZE};
+use ssdcache_format::{
+    sector_crc, CacheMode, SectorBitmap, VolumeCounters, VolumeSlot, SECTOR_SIZE,
+};
 
 use crate::admission::{Admission, NHitAdmission, StreamDetector};
 use crate::cache::{CacheCore, Mismatch};
@@ -557,11 +559,11 @@ impl Volume {
             let Some(slot) = Self::cached_slot(&mut map, self.id, seg) else {
                 return Ok(false);
             };
-            map.sector_crcs(slot, seg.first_sector, crcs);
-            slot
+            let confirm = map.sector_crcs(slot, seg.first_sector, crcs);
+            CrcSnapshot { slot, confirm }
         };
-        if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
-            return self.cache_read_failed(slot, seg.first_sector, seg.sectors, e);
+        if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot.slot, seg)) {
+            return self.cache_read_failed(slot.slot, seg.first_sector, seg.sectors, e);
         }
         if !self.verify_cached(slot, seg.line, seg.first_sector, buf, crcs)? {
             return Ok(false);
@@ -577,14 +579,17 @@ impl Volume {
     /// fails the read, since the backing device's copy is older.
     fn verify_cached(
         &self,
-        slot: u32,
+        checked: CrcSnapshot,
         line: u64,
         first: usize,
         data: &[u8],
         crcs: &[u32],
     ) -> Result<bool> {
+        let slot = checked.slot;
+        let mut matched = SectorBitmap::default();
         for (i, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
             if sector_crc(sector) == crcs[i] {
+                matched.set(first + i, true);
                 continue;
             }
             let s = first + i;
@@ -604,6 +609,9 @@ impl Volume {
             if !self.cache_read_failed(slot, s, 1, err)? {
                 return Ok(false);
             }
+        }
+        if checked.confirm {
+            self.core.map().confirm_sectors(slot, &matched);
         }
         Ok(true)
     }
@@ -645,9 +653,10 @@ impl Volume {
                 let Some(hit) = map.peek(self.id, seg.line) else {
                     continue;
                 };
-                map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
-                hit
+                let confirm = map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
+                (hit, confirm)
             };
+            let (hit, confirm) = hit;
             let end = seg.first_sector + seg.sectors;
             let mut s = seg.first_sector;
             while s < end {
@@ -658,7 +667,11 @@ impl Volume {
                 let run_end = (s..end).find(|&t| !hit.valid.get(t)).unwrap_or(end);
                 let at = seg.buf_at + (s - seg.first_sector) * SECTOR_SIZE as usize;
                 let run = &mut buf[at..at + (run_end - s) * SECTOR_SIZE as usize];
-                self.overlay_run(&seg, hit.slot, s, run, &crcs[s - seg.first_sector..])?;
+                let checked = CrcSnapshot {
+                    slot: hit.slot,
+                    confirm,
+                };
+                self.overlay_run(&seg, checked, s, run, &crcs[s - seg.first_sector..])?;
                 s = run_end;
             }
         }
@@ -671,11 +684,12 @@ impl Volume {
     fn overlay_run(
         &self,
         seg: &Segment,
-        slot: u32,
+        checked: CrcSnapshot,
         first: usize,
         run: &mut [u8],
         crcs: &[u32],
     ) -> Result<()> {
+        let slot = checked.slot;
         let mut cached = AlignedBuf::zeroed(run.len());
         let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
         if let Err(e) = self.core.dev.read_at(&mut cached, from) {
@@ -688,7 +702,7 @@ impl Volume {
             .zip(cached.chunks(SECTOR_SIZE as usize));
         for (i, (out, sector)) in sectors.enumerate() {
             // A clean sector that fails is dropped: the backing copy in `out` stays.
-            if self.verify_cached(slot, seg.line, first + i, sector, &crcs[i..=i])? {
+            if self.verify_cached(checked, seg.line, first + i, sector, &crcs[i..=i])? {
                 out.copy_from_slice(sector);
                 self.count(Counter::BytesFromCache, SECTOR_SIZE);
             }
@@ -1231,6 +1245,14 @@ fn split_runs(seg: Segment, pred: impl Fn(usize) -> bool) -> impl Iterator<Item 
 }
 
 /// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
+/// A slot whose checksums were taken for a read, and whether sectors that match them must be
+/// reported back to the map (`MapState::sector_crcs`).
+#[derive(Debug, Clone, Copy)]
+struct CrcSnapshot {
+    slot: u32,
+    confirm: bool,
+}
+
 pub(crate) fn sector_crcs<'a>(data: &[u8], out: &'a mut [u32; MAX_SECTORS]) -> &'a [u32] {
     let n = data.len() / SECTOR_SIZE as usize;
     for (crc, sector) in out.iter_mut().zip(data.chunks(SECTOR_SIZE as usize)) {
