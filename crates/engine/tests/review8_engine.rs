@@ -3,12 +3,13 @@
 //! finding, `MapState::confirm_sectors`; a check that could not read a sector keeps its marks,
 //! `mark_unreadable`; a damaged sector is no longer refused by `accept_newer_data`).
 //!
-//! The review found no sequence in which a confirm settles a sector whose data it did not
-//! check (see the report in the review's notes: every path that takes the snapshot holds the
-//! line's lock until it confirms, and nothing that changes a slot's checksums, marks or owner
-//! runs without that lock except `mark_clean`, which only clears dirty bits, and a confirm
-//! touches dirty sectors only). These tests pin the properties checked, so a later change that
-//! breaks them fails here:
+//! One finding, R8-1 (its test fails against c6c0d24): a check never re-reads a line whose
+//! dirty sectors all carry a damage finding, so an unreadable moment is damage for good after
+//! all. The review found no sequence in which a confirm settles a sector whose data it did not
+//! check (every path that takes the snapshot holds the line's lock until it confirms, and
+//! nothing that changes a slot's checksums, marks or owner runs without that lock except
+//! `mark_clean`, which only clears dirty bits, and a confirm touches dirty sectors only). The
+//! other tests pin the properties checked, so a later change that breaks them fails here:
 //!
 //! - a confirm settles exactly the sectors the read returned, by their sector number in the
 //!   line, on the full-hit path (`read_hit`) and on the overlay path (`overlay_run`);
@@ -205,5 +206,58 @@ fn proven_damage_survives_matching_reads_is_named_and_never_written_back() {
     assert_eq!(
         on_disk, oldest,
         "nothing of the line was written back, garbage least of all"
+    );
+}
+
+/// Finding R8-1 (a check never re-reads a line whose every dirty sector carries a damage
+/// finding, so a moment of unreadability keeps readable, matching, FLUSHed data "damaged"
+/// for the life of the process). Line 0: A written and FLUSHed (16 dirty sectors). A check of
+/// the dirty data runs while the cache device cannot be read (`drain`, as `set_mode` runs it
+/// in the daemon when a volume leaves write-back): `verify_line` marks all 16 sectors
+/// unreadable (`mark_unreadable`, damaged bit set). The link comes back. Since c6c0d24 that
+/// finding is meant to be settled by "a read or check whose data matches" (commit message,
+/// design.md §4.8: "it counts as damaged until a read matches or accepts it"; map.rs
+/// `confirm_sectors`). But the next check never reads line 0: `verify_dirty` takes its lines
+/// from `dirty_lines_from`, which leaves out every line whose dirty sectors are all damaged
+/// (that filter is meant for the cleaner: damaged sectors are never written back). So the
+/// second `drain` refuses with `DataDamaged` naming all of line 0, `damaged_ranges` (what
+/// `detach`/`flush` print, and what `--discard-damaged` would drop) lists 64 KiB of sound
+/// data, and the cleaner never writes it back (its plan leaves damaged sectors out) until a
+/// client happens to read each sector or the process restarts. A line with one sound sector
+/// left is re-read and settled, so the outcome depends on whether the unreadable moment
+/// covered every dirty sector of a line. Rules: §4.8 (an unreadable sector is not damage for
+/// good; a check whose data matches settles it) and §4.2/§4.7 (FLUSHed dirty data is written
+/// back; a damage report names only data that is damaged or unreadable). A fix might let
+/// `verify_dirty` take every dirty line (damaged sectors included), keeping the filter for
+/// the cleaner's plan only.
+#[test]
+fn r8_1_a_check_never_rereads_a_fully_damaged_line_so_sound_data_stays_damaged() {
+    let (cache_dev, backing, cache) = common::crash_cache();
+    let (oldest, flushed) = (data(9, LINE as usize), data(1, LINE as usize));
+    backing.write_at(&oldest, 0).unwrap();
+    backing.flush().unwrap();
+    let vol = cache.volumes()[0].clone();
+    vol.write(0, &flushed, false).unwrap();
+    vol.flush().unwrap();
+    check_while_unreadable(&cache_dev, &cache);
+
+    // The link is back and every sector of line 0 reads as A, matching its checksum.
+    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
+    let mut on_disk = vec![0u8; LINE as usize];
+    backing.read_at(&mut on_disk, 0).unwrap();
+    assert!(
+        drained.is_ok() && on_disk == flushed && damaged(&cache).is_empty(),
+        "line 0 (A FLUSHed and dirty; a check ran while the cache device could not be read; \
+         the link came back and every sector reads as A): the second check+writeback gave \
+         {drained:?}, the backing device holds {}, and the damage report names {:?}; the \
+         check must re-read the line, find it sound and write A back",
+        if on_disk == flushed {
+            "A"
+        } else if on_disk == oldest {
+            "the older data"
+        } else {
+            "other data"
+        },
+        damaged(&cache)
     );
 }
