@@ -126,7 +126,7 @@ impl CacheCore {
     /// survive), so it is accepted, unless it reads as zeroes: that is what a lost, truncated or
     /// discarded region returns. After a write that failed everywhere (`allow_either`) only
     /// that write's data is accepted. Otherwise the sector is damaged (and, if dirty, marked
-    /// so the cleaner never writes it back); a sector once found damaged stays so.
+    /// so the cleaner never writes it back); damaged data is never accepted later.
     pub fn settle_mismatch(&self, slot: u32, sector: usize, data: &[u8]) -> Mismatch {
         let zeroes = data.iter().all(|&b| b == 0);
         let mut map = self.map();

@@ -15,7 +15,7 @@ use crate::cache::{Cache, Mismatch};
 use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::locks::LineKey;
-use crate::map::{line_of, volume_of, DirtyLine};
+use crate::map::{line_of, volume_of, DamagedLines, DirtyLine};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::thread::{self, JoinHandle};
 use crate::sync::Mutex;
@@ -210,7 +210,8 @@ impl Cache {
             Select::All => true,
             Select::DirtySince(t) => l.since <= t,
         };
-        let mut lines = map.dirty_lines_from(*cursor, batch_lines, 1 << 16, &mut want);
+        let mut lines =
+            map.dirty_lines_from(*cursor, batch_lines, 1 << 16, DamagedLines::Skip, &mut want);
         drop(map);
         // A batch that wrapped past the end is two sweeps: keep the first, in order.
         if let Some(wrap) = lines.windows(2).position(|w| w[1].key < w[0].key) {
@@ -350,10 +351,13 @@ impl Cache {
         let mut cursor: LineKey = 0;
         let mut checked = 0u64;
         loop {
-            let lines = self
-                .core()
-                .map()
-                .dirty_lines_from(cursor, 256, usize::MAX, &mut |_| true);
+            let lines = self.core().map().dirty_lines_from(
+                cursor,
+                256,
+                usize::MAX,
+                DamagedLines::Include,
+                &mut |_| true,
+            );
             let lines: Vec<DirtyLine> = lines.into_iter().take_while(|l| l.key >= cursor).collect();
             let Some(last) = lines.last() else { break };
             cursor = last.key + 1;

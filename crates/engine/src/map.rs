@@ -70,7 +70,8 @@ pub struct MapState {
     /// Dirty sectors whose data failed its checksum (the cache lost or damaged them): the
     /// cleaner leaves them alone (writing them back would put garbage on the backing device),
     /// reads of them fail, and `Cache::verify_dirty` names them. A sector leaves the set when
-    /// it is rewritten, dropped or made clean. Sparse.
+    /// it is rewritten, dropped or made clean, or when a read or check finds data its marks or
+    /// checksum accept (a read error may pass). Sparse.
     damaged: HashMap<u32, SectorBitmap>,
     /// Bumped whenever a slot's sectors or owner change, so the cleaner can tell whether a line
     /// it wrote back was written again meanwhile.
@@ -105,6 +106,14 @@ pub struct MapState {
 struct EitherCrcs {
     sectors: SectorBitmap,
     crcs: Vec<u32>,
+}
+
+/// Whether `MapState::dirty_lines_from` lists lines whose dirty sectors are all damaged: the
+/// cleaner cannot write them back, a check reads them again (a read error may have passed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DamagedLines {
+    Skip,
+    Include,
 }
 
 /// Where a line is cached and which of its sectors are valid.
@@ -570,8 +579,8 @@ impl MapState {
     }
 
     /// Marks a dirty sector whose data failed its checksum and was not accepted as a newer
-    /// write (see `damaged`): that data is damage, so its marks go and it is never accepted
-    /// later (until rewritten).
+    /// write (see `damaged`): that data is damage, so its marks go and only its checksum
+    /// (or a later failed write's data, `allow_either`) is accepted from then on.
     pub fn mark_damaged(&mut self, slot: u32, sector: usize) {
         if self.dirty_bits(slot).get(sector) {
             self.damaged.entry(slot).or_default().set(sector, true);
@@ -696,12 +705,14 @@ impl MapState {
     }
 
     /// Up to `max` dirty lines in address order starting at `from` (wrapping once), those
-    /// accepted by `want`; examines at most `scan` entries.
+    /// accepted by `want`; examines at most `scan` entries. A line's `dirty` leaves out its
+    /// damaged sectors; `damaged` says whether a line with nothing else dirty is listed.
     pub fn dirty_lines_from(
         &self,
         from: LineKey,
         max: usize,
         scan: usize,
+        damaged: DamagedLines,
         want: &mut dyn FnMut(&DirtyLine) -> bool,
     ) -> Vec<DirtyLine> {
         let entries = self
@@ -713,11 +724,11 @@ impl MapState {
         for (&key, &slot) in entries {
             // Damaged sectors are never written back.
             let mut dirty = self.dirty_bits(slot);
-            let damaged = self.damaged_of(slot);
+            let damaged_bits = self.damaged_of(slot);
             for w in 0..4 {
-                dirty.0[w] &= !damaged.0[w];
+                dirty.0[w] &= !damaged_bits.0[w];
             }
-            if dirty.is_empty() {
+            if dirty.is_empty() && damaged == DamagedLines::Skip {
                 continue;
             }
             let line = DirtyLine {
