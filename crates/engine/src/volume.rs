@@ -554,7 +554,7 @@ impl Volume {
     fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
         let mut crcs = [0u32; MAX_SECTORS];
         let crcs = &mut crcs[..seg.sectors];
-        let slot = {
+        let snapshot = {
             let mut map = self.core.map();
             let Some(slot) = Self::cached_slot(&mut map, self.id, seg) else {
                 return Ok(false);
@@ -562,10 +562,11 @@ impl Volume {
             let confirm = map.sector_crcs(slot, seg.first_sector, crcs);
             CrcSnapshot { slot, confirm }
         };
-        if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot.slot, seg)) {
-            return self.cache_read_failed(slot.slot, seg.first_sector, seg.sectors, e);
+        let slot = snapshot.slot;
+        if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
+            return self.cache_read_failed(slot, seg.first_sector, seg.sectors, e);
         }
-        if !self.verify_cached(slot, seg.line, seg.first_sector, buf, crcs)? {
+        if !self.verify_cached(snapshot, seg.line, seg.first_sector, buf, crcs)? {
             return Ok(false);
         }
         self.count(Counter::BytesFromCache, seg.len as u64);
@@ -579,13 +580,13 @@ impl Volume {
     /// fails the read, since the backing device's copy is older.
     fn verify_cached(
         &self,
-        checked: CrcSnapshot,
+        snapshot: CrcSnapshot,
         line: u64,
         first: usize,
         data: &[u8],
         crcs: &[u32],
     ) -> Result<bool> {
-        let slot = checked.slot;
+        let slot = snapshot.slot;
         let mut matched = SectorBitmap::default();
         for (i, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
             if sector_crc(sector) == crcs[i] {
@@ -610,7 +611,7 @@ impl Volume {
                 return Ok(false);
             }
         }
-        if checked.confirm {
+        if snapshot.confirm {
             self.core.map().confirm_sectors(slot, &matched);
         }
         Ok(true)
@@ -648,7 +649,7 @@ impl Volume {
     fn overlay_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mut crcs = [0u32; MAX_SECTORS];
         for seg in self.segments(offset, buf.len() as u64) {
-            let hit = {
+            let (hit, confirm) = {
                 let map = self.core.map();
                 let Some(hit) = map.peek(self.id, seg.line) else {
                     continue;
@@ -656,7 +657,6 @@ impl Volume {
                 let confirm = map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
                 (hit, confirm)
             };
-            let (hit, confirm) = hit;
             let end = seg.first_sector + seg.sectors;
             let mut s = seg.first_sector;
             while s < end {
@@ -667,11 +667,11 @@ impl Volume {
                 let run_end = (s..end).find(|&t| !hit.valid.get(t)).unwrap_or(end);
                 let at = seg.buf_at + (s - seg.first_sector) * SECTOR_SIZE as usize;
                 let run = &mut buf[at..at + (run_end - s) * SECTOR_SIZE as usize];
-                let checked = CrcSnapshot {
+                let snapshot = CrcSnapshot {
                     slot: hit.slot,
                     confirm,
                 };
-                self.overlay_run(&seg, checked, s, run, &crcs[s - seg.first_sector..])?;
+                self.overlay_run(&seg, snapshot, s, run, &crcs[s - seg.first_sector..])?;
                 s = run_end;
             }
         }
@@ -684,12 +684,12 @@ impl Volume {
     fn overlay_run(
         &self,
         seg: &Segment,
-        checked: CrcSnapshot,
+        snapshot: CrcSnapshot,
         first: usize,
         run: &mut [u8],
         crcs: &[u32],
     ) -> Result<()> {
-        let slot = checked.slot;
+        let slot = snapshot.slot;
         let mut cached = AlignedBuf::zeroed(run.len());
         let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
         if let Err(e) = self.core.dev.read_at(&mut cached, from) {
@@ -702,7 +702,7 @@ impl Volume {
             .zip(cached.chunks(SECTOR_SIZE as usize));
         for (i, (out, sector)) in sectors.enumerate() {
             // A clean sector that fails is dropped: the backing copy in `out` stays.
-            if self.verify_cached(checked, seg.line, first + i, sector, &crcs[i..=i])? {
+            if self.verify_cached(snapshot, seg.line, first + i, sector, &crcs[i..=i])? {
                 out.copy_from_slice(sector);
                 self.count(Counter::BytesFromCache, SECTOR_SIZE);
             }
@@ -1244,7 +1244,6 @@ fn split_runs(seg: Segment, pred: impl Fn(usize) -> bool) -> impl Iterator<Item 
     })
 }
 
-/// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
 /// A slot whose checksums were taken for a read, and whether sectors that match them must be
 /// reported back to the map (`MapState::sector_crcs`).
 #[derive(Debug, Clone, Copy)]
@@ -1253,6 +1252,7 @@ struct CrcSnapshot {
     confirm: bool,
 }
 
+/// The checksum of each 4 KiB sector of `data`, in `out`; returns the filled part.
 pub(crate) fn sector_crcs<'a>(data: &[u8], out: &'a mut [u32; MAX_SECTORS]) -> &'a [u32] {
     let n = data.len() / SECTOR_SIZE as usize;
     for (crc, sector) in out.iter_mut().zip(data.chunks(SECTOR_SIZE as usize)) {
