@@ -23,25 +23,12 @@
 mod common;
 
 use common::data;
-use ssdcache_device::{BlockDevice, CrashDevice};
+use common::failing::{check_while_unreadable, sector_of, slot_holding};
+use ssdcache_device::BlockDevice;
 use ssdcache_engine::{Cache, CleanerConfig};
 
 const LINE: u64 = 64 << 10;
 const SECTOR: usize = 4096;
-
-/// The line-sized, line-aligned region of the cache device that holds exactly `line`.
-fn slot_holding(cache_dev: &CrashDevice, line: &[u8]) -> u64 {
-    let image = cache_dev.written_image();
-    let len = line.len();
-    (0..image.len() / len)
-        .map(|i| i * len)
-        .find(|&at| image[at..at + len] == *line)
-        .expect("the line's slot on the cache device") as u64
-}
-
-fn sector_of(buf: &[u8], sector: usize) -> &[u8] {
-    &buf[sector * SECTOR..(sector + 1) * SECTOR]
-}
 
 /// The damaged ranges as (offset, length) pairs of volume 0.
 fn damaged(cache: &Cache) -> Vec<(u64, u64)> {
@@ -50,18 +37,6 @@ fn damaged(cache: &Cache) -> Vec<(u64, u64)> {
         .iter()
         .map(|r| (r.offset, r.length))
         .collect()
-}
-
-/// A check of every dirty sector while the cache device cannot be read; the link then comes
-/// back. Every dirty sector is counted damaged (unreadable, `mark_unreadable`).
-fn check_while_unreadable(cache_dev: &CrashDevice, cache: &Cache) {
-    cache_dev.fail_reads(true);
-    let drained = cache.drain(&CleanerConfig::default(), &mut |_| true);
-    cache_dev.fail_reads(false);
-    assert!(
-        drained.is_err(),
-        "nothing is written back while the cache device cannot be read"
-    );
 }
 
 /// A read of one sector of a fully cached dirty line (the `read_hit` path) settles the

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod failing;
+
 use std::sync::Arc;
 
 use ssdcache_device::{BlockDevice, CrashDevice, MemDevice};
