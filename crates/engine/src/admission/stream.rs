@@ -58,7 +58,11 @@ impl StreamDetector {
         let streams = &mut self.streams;
         let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
         let continues = |s: &Stream| s.run > 0 && offset.abs_diff(s.next) <= slack;
-        if let Some(s) = streams.iter_mut().find(|s| continues(s)) {
+        // The stream this request continues exactly, else one it lands near: a stream must not
+        // be taken for a neighbour it merely passes (whose evidence the request would halve).
+        let exact = streams.iter().position(|s| s.run > 0 && offset == s.next);
+        let found = exact.or_else(|| streams.iter().position(continues));
+        if let Some(s) = found.map(|i| &mut streams[i]) {
             let bypass = s.run >= cutoff;
             // Only an exact continuation is evidence of a stream. A request that merely lands
             // nearby (out of order, or random I/O in a small region) halves the evidence: a
@@ -105,6 +109,19 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             assert!(!d.bypass((x >> 20) % (1 << 40) / 4096 * 4096 + (1 << 41), 4096));
         }
+    }
+
+    /// A stream passing near another request (a write in the middle of a file being read)
+    /// is still the stream: the request that continues it exactly counts for it.
+    #[test]
+    fn a_stream_passing_a_neighbour_is_still_a_stream() {
+        let mib = 1u64 << 20;
+        let mut d = StreamDetector::new(mib);
+        // A lone 4 KiB request at 2.5 MiB, tracked first.
+        d.bypass(5 * mib / 2, 4096);
+        let chunk = 256 << 10;
+        let bypassed: Vec<bool> = (0..16).map(|i| d.bypass(i * chunk, chunk)).collect();
+        assert!(bypassed[4..].iter().all(|&b| b), "{bypassed:?}");
     }
 
     #[test]
