@@ -41,6 +41,8 @@ pub struct AdviseArgs {
     /// How writes are handled: write-through, write-back or write-around
     #[arg(long, value_name = "MODE", default_value = "write-through")]
     mode: Mode,
+    #[command(flatten)]
+    writeback: crate::simulate::WritebackArgs,
     /// The SSD's endurance rating in terabytes written (TBW, from its data sheet)
     /// [default: 550 TBW per TB of cache, a mainstream TLC drive: 0.3 drive writes per day for
     /// 5 years]
@@ -109,6 +111,7 @@ pub fn run(args: AdviseArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| ssdcache_engine::policy::DEFAULT_POLICY.to_string());
     let admission = args.admission.unwrap_or_default();
+    let writeback = args.writeback.model()?;
     let (summary, info) = summarize(&args.trace)?;
     let config = |lines: u64| SimConfig {
         policy: policy.clone(),
@@ -117,6 +120,7 @@ pub fn run(args: AdviseArgs) -> Result<()> {
         admission,
         sequential_cutoff: args.sequential_cutoff,
         mode: args.mode,
+        writeback: writeback.clone(),
     };
     let coarse: Vec<SimConfig> = COARSE_PERCENTS
         .iter()

@@ -10,6 +10,7 @@
 //! writeback_high = 50                # write-back: clean every dirty line above 50% dirty lines
 //! writeback_low = 40                 # ... down to 40%
 //! writeback_max_age = 30             # write back dirty data older than 30 s when possible
+//! dirty_limit = 80                   # write-back: at most 80% of the lines dirty
 //! policy = "lirs"                    # the cache's replacement policy (one per cache)
 //! record_trace = "/var/tmp/sdb.trace" # record the clients' requests (see docs/operations.md)
 //! record_sample = 0.01               # ... of 1% of the 1 MiB regions
@@ -56,6 +57,7 @@ pub struct FileConfig {
     pub writeback_high: Option<f64>,
     pub writeback_low: Option<f64>,
     pub writeback_max_age: Option<u64>,
+    pub dirty_limit: Option<f64>,
     pub record_trace: Option<PathBuf>,
     pub record_sample: Option<f64>,
     pub record_max_size: Option<SizeValue>,

@@ -75,6 +75,13 @@ pub struct ServeArgs {
     /// watermarks, at a pace that leaves the backing device to clients [default: 30]
     #[arg(long, value_name = "SECONDS")]
     writeback_max_age: Option<u64>,
+    /// Write-back: most of the cache's lines that may be dirty, 0 to 100. Past it, a write to
+    /// a line without dirty data goes to the backing device (dropping a clean cached copy),
+    /// while overwrites of dirty lines are still absorbed: clean lines stay available for read
+    /// misses, and the cleaner catches up. Counted as `bytes_written_around_full`
+    /// [default: 80]
+    #[arg(long, value_name = "PERCENT")]
+    dirty_limit: Option<f64>,
     /// Record the clients' reads and writes to FILE (time, volume, offset, length; never
     /// data), for `ssdcache simulate`, `mrc` and `advise`. Write-zeroes count as writes;
     /// trims, flushes and cache hints are not recorded. About 30 bytes per request. The
@@ -146,6 +153,8 @@ struct Settings {
     backing: BTreeMap<String, PathBuf>,
     emulate_hdd: bool,
     cleaner: CleanerConfig,
+    /// Share of lines that may be dirty (`Cache::set_dirty_limit`).
+    dirty_limit: f64,
     tuning: CacheTuning,
     record: Option<(PathBuf, RecordConfig)>,
     limits: Limits,
@@ -192,6 +201,15 @@ fn settings(args: ServeArgs) -> Result<Settings> {
             "write-back watermarks must be percentages with low <= high (got high {high}, low {low})"
         )));
     }
+    let dirty_limit = args
+        .dirty_limit
+        .or(file.dirty_limit)
+        .unwrap_or(ssdcache_engine::DEFAULT_DIRTY_LIMIT * 100.0);
+    if !(0.0..=100.0).contains(&dirty_limit) {
+        return Err(usage_error(format!(
+            "--dirty-limit must be a percentage from 0 to 100 (got {dirty_limit})"
+        )));
+    }
     let max_age = args
         .writeback_max_age
         .or(file.writeback_max_age)
@@ -204,6 +222,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
     };
     Ok(Settings {
         cleaner,
+        dirty_limit: dirty_limit / 100.0,
         cache,
         socket: args.socket.or(file.socket),
         listen: args.listen.or(file.listen),
@@ -677,6 +696,7 @@ fn start_serving(
             v.name()
         );
     }
+    cache.set_dirty_limit(s.dirty_limit);
     cache.start_cleaner(s.cleaner.clone());
     watch_halt(cache.clone(), stops.sender())?;
     spawn_listener(server, "unix", stops, move |server| server.serve_unix(nbd))?;

@@ -11,7 +11,7 @@ use rustc_hash::FxHashSet;
 use serde::Serialize;
 use ssdcache_engine::admission::Admission;
 use ssdcache_sim::plot::{LineChart, RatioAxis, Series, SizeAxis};
-use ssdcache_sim::simulate::{self, Mode, SimConfig, SimResult};
+use ssdcache_sim::simulate::{self, Mode, SimConfig, SimResult, WritebackModel};
 use ssdcache_sim::trace::{self, block_keys, Format, Request, Trace, TraceError, TraceInfo};
 
 use crate::size::{human, parse_size};
@@ -61,6 +61,8 @@ pub struct SimulateArgs {
     /// How writes are handled: write-through, write-back or write-around
     #[arg(long, value_name = "MODE", default_value = "write-through")]
     pub mode: Mode,
+    #[command(flatten)]
+    pub writeback: WritebackArgs,
     /// Print the results as JSON instead of a table
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
@@ -73,6 +75,80 @@ pub struct SimulateArgs {
     /// Threads simulating caches side by side [default: the number of CPUs]
     #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
+}
+
+/// The write-back model (`--mode write-back`): the engine's dirty limit and cleaner, with the
+/// same defaults as `serve`.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Write-back model (with --mode write-back)")]
+pub struct WritebackArgs {
+    /// Most of the cache's lines that may be dirty, 0 to 100; past it writes to lines without
+    /// dirty data go to the backing device, as `serve --dirty-limit` [default: 80]
+    #[arg(long, value_name = "PERCENT")]
+    pub dirty_limit: Option<f64>,
+    /// The cleaner writes back the least recently used dirty lines above this share of dirty
+    /// lines [default: 50]
+    #[arg(long, value_name = "PERCENT")]
+    pub writeback_high: Option<f64>,
+    /// ... down to this share [default: 40]
+    #[arg(long, value_name = "PERCENT")]
+    pub writeback_low: Option<f64>,
+    /// Lines dirty for longer than this many seconds of trace time are written back; 0 = never
+    /// by age [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    pub writeback_max_age: Option<f64>,
+    /// Bytes per second of trace time the backing device takes from the cleaner (e.g. 20MiB
+    /// for scattered writes to one hard drive); without it the cleaner always keeps up, so the
+    /// dirty limit never binds. Needs a trace with times
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub writeback_rate: Option<u64>,
+}
+
+impl WritebackArgs {
+    /// The model, or a usage error naming the bad value.
+    pub fn model(&self) -> Result<WritebackModel> {
+        let d = WritebackModel::default();
+        let pct = |v: Option<f64>, flag: &str, default: f64| -> Result<f64> {
+            match v {
+                None => Ok(default),
+                Some(p) if (0.0..=100.0).contains(&p) => Ok(p / 100.0),
+                Some(p) => Err(crate::usage_error(format!(
+                    "--{flag} must be a percentage from 0 to 100 (got {p})"
+                ))),
+            }
+        };
+        let high = pct(self.writeback_high, "writeback-high", d.high_watermark)?;
+        let low = pct(self.writeback_low, "writeback-low", d.low_watermark)?;
+        if low > high {
+            return Err(crate::usage_error(format!(
+                "--writeback-low ({}) must not be above --writeback-high ({})",
+                low * 100.0,
+                high * 100.0
+            )));
+        }
+        let max_age_ns = match self.writeback_max_age {
+            None => d.max_age_ns,
+            Some(s) if s.is_finite() && s >= 0.0 => (s * 1e9) as u64,
+            Some(s) => {
+                return Err(crate::usage_error(format!(
+                    "--writeback-max-age must be a number of seconds, 0 or more (got {s})"
+                )))
+            }
+        };
+        if self.writeback_rate == Some(0) {
+            return Err(crate::usage_error(
+                "--writeback-rate 0 would never write anything back; leave it out for a cleaner \
+                 that keeps up",
+            ));
+        }
+        Ok(WritebackModel {
+            dirty_limit: pct(self.dirty_limit, "dirty-limit", d.dirty_limit)?,
+            high_watermark: high,
+            low_watermark: low,
+            max_age_ns,
+            rate: self.writeback_rate,
+        })
+    }
 }
 
 /// A cache size as given: absolute or relative to the trace's footprint.
@@ -245,6 +321,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     } else {
         args.policy.clone()
     };
+    let writeback = args.writeback.model()?;
     let (summary, info) = summarize(&args.trace)?;
     let mut configs = Vec::new();
     for policy in &policies {
@@ -262,6 +339,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     admission,
                     sequential_cutoff: args.sequential_cutoff,
                     mode: args.mode,
+                    writeback: writeback.clone(),
                 });
             }
         }
@@ -317,6 +395,16 @@ pub struct Row {
     pub cache_bytes_written: u64,
     pub backing_bytes_read: u64,
     pub backing_bytes_written: u64,
+    /// Write-back: write references to lines already dirty (absorbed).
+    pub overwrite_refs: u64,
+    /// Write-back: write references sent to the backing device because the cache was at its
+    /// dirty limit (or had no clean line).
+    pub written_around_refs: u64,
+    /// Write-back: what the cleaner wrote back during the trace (part of
+    /// `backing_bytes_written`).
+    pub cleaned_bytes: u64,
+    /// Write-back: the most lines dirty at once, as a share of the cache's lines.
+    pub peak_dirty_share: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -359,6 +447,11 @@ impl Report {
                     cache_bytes_written: up(c.cache_bytes_written),
                     backing_bytes_read: up(c.backing_bytes_read),
                     backing_bytes_written: up(c.backing_bytes_written),
+                    overwrite_refs: c.overwrite_refs,
+                    written_around_refs: c.written_around_refs,
+                    cleaned_bytes: up(c.cleaned_bytes),
+                    peak_dirty_share: c.peak_dirty_lines as f64
+                        / r.config.cache_lines.max(1) as f64,
                 }
             })
             .collect();
@@ -438,6 +531,13 @@ impl Report {
                 human(r.backing_bytes_written),
             )?;
         }
+        if self
+            .rows
+            .first()
+            .is_some_and(|r| r.mode == Mode::WriteBack.name())
+        {
+            self.write_writeback_table(out)?;
+        }
         writeln!(out)?;
         writeln!(
             out,
@@ -448,17 +548,54 @@ impl Report {
         Ok(())
     }
 
+    /// Write-back: how much the dirty lines absorbed and what the dirty limit sent around.
+    fn write_writeback_table(&self, out: &mut impl Write) -> Result<()> {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{:<12} {:<9} {:>10} {:>10} {:>9} {:>11} {:>11}",
+            "policy", "admission", "cache", "absorbed%", "around%", "peak dirty", "written back"
+        )?;
+        let share = |n: u64, of: u64| {
+            if of == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.2}", n as f64 * 100.0 / of as f64)
+            }
+        };
+        for r in &self.rows {
+            writeln!(
+                out,
+                "{:<12} {:<9} {:>10} {:>10} {:>9} {:>10.1}% {:>11}",
+                r.policy,
+                r.admission,
+                human(r.cache_bytes),
+                share(r.overwrite_refs, r.write_refs),
+                share(r.written_around_refs, r.write_refs),
+                r.peak_dirty_share * 100.0,
+                human(r.cleaned_bytes),
+            )?;
+        }
+        writeln!(
+            out,
+            "absorbed%: writes to lines already dirty; around%: writes sent to the disk at the \
+             dirty limit; written back: by the cleaner during the trace (the rest at the end)."
+        )?;
+        Ok(())
+    }
+
     fn write_csv(&self, out: &mut impl Write) -> Result<()> {
         writeln!(
             out,
             "policy,admission,mode,cache_bytes,cache_lines,hit_ratio,read_hit_ratio,write_hit_ratio,\
              read_refs,write_refs,bypassed_refs,not_admitted_refs,cache_bytes_written,\
-             backing_bytes_read,backing_bytes_written"
+             backing_bytes_read,backing_bytes_written,overwrite_refs,written_around_refs,\
+             cleaned_bytes,peak_dirty_share"
         )?;
         for r in &self.rows {
             writeln!(
                 out,
-                "{},{},{},{},{},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{:.6}",
                 r.policy,
                 r.admission,
                 r.mode,
@@ -473,7 +610,11 @@ impl Report {
                 r.not_admitted_refs,
                 r.cache_bytes_written,
                 r.backing_bytes_read,
-                r.backing_bytes_written
+                r.backing_bytes_written,
+                r.overwrite_refs,
+                r.written_around_refs,
+                r.cleaned_bytes,
+                r.peak_dirty_share
             )?;
         }
         Ok(())

@@ -15,7 +15,7 @@ use crate::commit::{self, flush_cache, Backing, CommitKind, CommitPurpose, Journ
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
-use crate::map::{Invariant, MapState};
+use crate::map::{dirty_limit_lines, Invariant, MapState};
 use crate::policy;
 use crate::superblock::write_superblock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -668,6 +668,21 @@ impl Cache {
     /// Dirty lines in the whole cache.
     pub fn dirty_lines(&self) -> u64 {
         self.core.map().total_dirty_lines()
+    }
+
+    /// Sets the share of the cache's lines that may be dirty (0 to 1; default
+    /// [`crate::DEFAULT_DIRTY_LIMIT`]): past it, write-back writes to lines without dirty data go to
+    /// the backing device, overwrites of dirty lines are still absorbed. Values outside 0..=1
+    /// are clamped.
+    pub fn set_dirty_limit(&self, share: f64) {
+        let line_count = u32::try_from(self.layout().line_count).unwrap_or(u32::MAX);
+        let lines = dirty_limit_lines(line_count, share.clamp(0.0, 1.0));
+        self.core.map().set_dirty_limit(lines);
+    }
+
+    /// The most dirty lines (see `set_dirty_limit`).
+    pub fn dirty_limit_lines(&self) -> u64 {
+        u64::from(self.core.map().dirty_limit())
     }
 
     /// Writes the checkpoint of every line (dirty ones included) and marks the cache cleanly

@@ -89,9 +89,15 @@ pub(crate) struct CleanerState {
 /// Which dirty lines a batch takes.
 #[derive(Debug, Clone, Copy)]
 pub enum Select {
+    /// The next dirty lines of the address-ordered sweep.
     All,
-    /// Only lines dirty since before this time (seconds on the cache's clock).
+    /// Only lines dirty since before this time (seconds on the cache's clock), in the sweep.
     DirtySince(u32),
+    /// The least recently used dirty lines (the ones the replacement policy would evict next
+    /// if they were clean), then sorted by address: under dirty pressure the lines written
+    /// back are those the cache has least use for, and hot dirty lines stay to absorb their
+    /// overwrites.
+    Coldest,
 }
 
 /// A run of dirty sectors of one line, as part of a merged write.
@@ -198,8 +204,16 @@ impl Cache {
         Ok(report)
     }
 
-    /// The next dirty lines of the sweep, in address order.
+    /// The dirty lines of the next batch, in address order.
     fn plan(&self, batch_lines: usize, select: Select) -> Vec<DirtyLine> {
+        if let Select::Coldest = select {
+            let mut lines =
+                self.core()
+                    .map()
+                    .coldest_dirty_lines(batch_lines, COLDEST_SCAN_LIMIT, &mut |_| true);
+            lines.sort_unstable_by_key(|l| l.key);
+            return lines;
+        }
         let mut cursor = self
             .cleaner
             .cursor
@@ -209,6 +223,7 @@ impl Cache {
         let mut want = |l: &DirtyLine| match select {
             Select::All => true,
             Select::DirtySince(t) => l.since <= t,
+            Select::Coldest => true,
         };
         let mut lines =
             map.dirty_lines_from(*cursor, batch_lines, 1 << 16, DamagedLines::Skip, &mut want);
@@ -578,8 +593,12 @@ impl Cache {
                     Some(cfg.busy_pause),
                 )
             };
-            let select = if draining || above_high {
+            // A drain takes everything, fastest in address order; dirty pressure takes the
+            // lines nearest eviction.
+            let select = if draining {
                 Select::All
+            } else if above_high {
+                Select::Coldest
             } else {
                 Select::DirtySince(now.saturating_sub(age_limit))
             };
@@ -771,6 +790,10 @@ fn describe_damage(ranges: &[DamagedRange]) -> String {
 }
 
 /// Merges the dirty sector runs of address-ordered lines into backing writes.
+/// Dirty lines a `Select::Coldest` plan examines at most (it skips only lines whose dirty
+/// sectors are all damaged), bounding the time it holds the map lock.
+const COLDEST_SCAN_LIMIT: usize = 1 << 16;
+
 fn merge_extents(lines: &[DirtyLine], line_size: u64, max_write: u64) -> Vec<Extent> {
     let mut out: Vec<Extent> = Vec::new();
     let spl = (line_size / SECTOR_SIZE) as usize;

@@ -12,6 +12,7 @@ mod journal;
 mod locks;
 mod map;
 pub mod policy;
+pub mod residency;
 pub mod superblock;
 mod sync;
 mod volume;
@@ -21,5 +22,6 @@ pub use cache::{
 };
 pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
 pub use error::{EngineError, Result};
+pub use map::{dirty_limit_lines, DEFAULT_DIRTY_LIMIT};
 pub use superblock::{read_superblock, write_superblock};
 pub use volume::{Volume, VolumeState, VolumeStats, CACHE_ERROR_LIMIT};

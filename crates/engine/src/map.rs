@@ -12,11 +12,10 @@ use std::collections::HashMap;
 
 use crate::locks::{line_key, LineKey, LineLocks};
 use crate::policy::ReplacementPolicy;
+use crate::residency::{Residency, Standing, NO_KEY};
 use ssdcache_format::lines::RECORD_UNVERIFIED;
 use ssdcache_format::superblock::MAX_VOLUMES;
 use ssdcache_format::{LineRecord, SectorBitmap};
-
-const NO_KEY: LineKey = u64::MAX;
 
 /// A failed check on the map's bookkeeping: what was about to go wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,9 +40,8 @@ pub fn line_of(key: LineKey) -> u64 {
 }
 
 pub struct MapState {
-    map: HashMap<LineKey, u32>,
-    /// Key held by each slot, `NO_KEY` when free.
-    keys: Vec<LineKey>,
+    /// Which line each slot holds, the free list, and the ranking of clean and dirty slots.
+    slots: Residency<'static>,
     /// Valid-sector and dirty-sector words, `words_per_line` per slot. Dirty implies valid.
     valid: Vec<u64>,
     dirty: Vec<u64>,
@@ -90,15 +88,35 @@ pub struct MapState {
     /// Slots whose dirty state changed since the last commit.
     changed: Vec<u32>,
     is_changed: Vec<bool>,
-    free: Vec<u32>,
     /// Released slots waiting for a commit before reuse (see `recorded_dirty`).
     pending_free: Vec<u32>,
-    policy: Box<dyn ReplacementPolicy>,
+    /// Most dirty lines: past it, a write-back write to a line without dirty data goes to the
+    /// backing device (`may_dirty_another_line`), so clean lines stay available.
+    dirty_limit: u32,
     /// Lines, valid sectors and dirty sectors held per volume, for statistics.
     lines_used: [u64; MAX_VOLUMES],
     sectors_valid: [u64; MAX_VOLUMES],
     sectors_dirty: [u64; MAX_VOLUMES],
     lines_dirty: [u64; MAX_VOLUMES],
+}
+
+/// The share of the cache's lines that may be dirty unless set otherwise
+/// (`MapState::set_dirty_limit`; `serve --dirty-limit`): past it, write-back writes to lines
+/// without dirty data go to the backing device while overwrites of dirty lines are still
+/// absorbed, so a fifth of the cache stays clean for read misses and the replacement policy.
+/// Above the cleaner's default high watermark (0.5), so the cleaner is at work well before.
+pub const DEFAULT_DIRTY_LIMIT: f64 = 0.8;
+
+/// `share` of `line_count` lines, rounded down but at least one line when the share is above
+/// zero (a tiny cache still takes write-back writes); a share of 1 or more is every line.
+pub fn dirty_limit_lines(line_count: u32, share: f64) -> u32 {
+    if share >= 1.0 {
+        line_count
+    } else if share > 0.0 {
+        ((f64::from(line_count) * share) as u32).clamp(1, line_count.max(1))
+    } else {
+        0
+    }
 }
 
 /// The failed write's checksum of each sector marked by `MapState::allow_either`.
@@ -142,8 +160,7 @@ impl MapState {
         let words_per_line = sectors_per_line.div_ceil(64);
         let n = line_count as usize;
         MapState {
-            map: HashMap::new(),
-            keys: vec![NO_KEY; n],
+            slots: Residency::new(line_count, policy),
             valid: vec![0; n * words_per_line],
             dirty: vec![0; n * words_per_line],
             words_per_line,
@@ -158,10 +175,8 @@ impl MapState {
             recorded_dirty: vec![0; n * words_per_line],
             changed: Vec::new(),
             is_changed: vec![false; n],
-            // Popping from the end hands out low slots first.
-            free: (0..line_count).rev().collect(),
             pending_free: Vec::new(),
-            policy,
+            dirty_limit: dirty_limit_lines(line_count, DEFAULT_DIRTY_LIMIT),
             lines_used: [0; MAX_VOLUMES],
             sectors_valid: [0; MAX_VOLUMES],
             sectors_dirty: [0; MAX_VOLUMES],
@@ -187,7 +202,7 @@ impl MapState {
     /// Stores both bitmaps of a slot and keeps the statistics, the dirty index and the change
     /// list in step. Frees the slot when no valid sector remains.
     fn store(&mut self, slot: u32, valid: SectorBitmap, dirty: SectorBitmap, now: u32) -> Checked {
-        let key = self.keys[slot as usize];
+        let key = self.slots.key_of(slot);
         check(key != NO_KEY, || {
             format!("sector state stored into free slot {slot}")
         })?;
@@ -231,6 +246,8 @@ impl MapState {
         self.keep_marks_within(slot, &dirty);
         if valid.is_empty() {
             self.release(slot)?;
+        } else {
+            self.refresh_standing(slot);
         }
         Ok(())
     }
@@ -244,8 +261,8 @@ impl MapState {
 
     /// Looks a line up and, if cached, counts it as used.
     pub fn lookup(&mut self, volume: u16, line: u64) -> Option<Lookup> {
-        let slot = *self.map.get(&line_key(volume, line))?;
-        self.policy.touch(slot);
+        let slot = self.slots.slot_of(line_key(volume, line))?;
+        self.slots.touch(slot);
         Some(Lookup {
             slot,
             valid: self.valid_bits(slot),
@@ -254,7 +271,7 @@ impl MapState {
 
     /// Like `lookup`, without counting a use.
     pub fn peek(&self, volume: u16, line: u64) -> Option<Lookup> {
-        let slot = *self.map.get(&line_key(volume, line))?;
+        let slot = self.slots.slot_of(line_key(volume, line))?;
         Some(Lookup {
             slot,
             valid: self.valid_bits(slot),
@@ -262,46 +279,42 @@ impl MapState {
     }
 
     /// Finds a slot for a line not in the map: a free one, or the policy's victim among clean
-    /// lines no request holds. The caller holds the line's lock. `None` when no slot can be
-    /// freed (every line busy or dirty).
+    /// lines no request holds (found in O(1): dirty lines and lines waiting for a commit are
+    /// not among the policy's candidates, see `Residency`). The caller holds the line's lock.
+    /// `None` when no slot can be freed (every clean line busy, or none clean).
     pub fn allocate(&mut self, volume: u16, line: u64, locks: &LineLocks) -> Checked<Option<u32>> {
         let key = line_key(volume, line);
-        check(!self.map.contains_key(&key), || {
+        check(self.slots.slot_of(key).is_none(), || {
             format!("line {line} of volume {volume} allocated a second slot")
         })?;
         let slot = loop {
-            if let Some(s) = self.free.pop() {
+            if let Some(s) = self.slots.take_free() {
                 break s;
             }
-            let (keys, dirty, durable) = (&self.keys, &self.dirty, &self.recorded_dirty);
-            let wpl = self.words_per_line;
-            let victim = self.policy.victim(key, &mut |s| {
-                let at = s as usize * wpl;
-                durable[at..at + wpl].iter().all(|&w| w == 0)
-                    && dirty[at..at + wpl].iter().all(|&w| w == 0)
-                    && !locks.is_held(keys[s as usize])
-            });
-            let Some(victim) = victim else {
+            let Some(victim) = self.slots.victim(key, &mut |_, k| !locks.is_held(k)) else {
                 return Ok(None);
             };
-            check(self.dirty_bits(victim).is_empty(), || {
-                format!("the replacement policy chose dirty slot {victim} as a victim")
-            })?;
+            // Checked here in release builds too: evicting a line the backing device does
+            // not have, or one a crash may bring back as dirty, would lose data.
+            check(
+                self.dirty_bits(victim).is_empty() && !self.maybe_durable_dirty(victim),
+                || {
+                    format!("the replacement policy chose slot {victim}, dirty or possibly durably dirty, as a victim")
+                },
+            )?;
             self.release(victim)?;
         };
         // Reusing a slot that the durable metadata may still call dirty would let a crash
         // bring back the new line's data as the old line's.
         check(
-            (slot as usize) < self.keys.len()
-                && self.keys[slot as usize] == NO_KEY
-                && !self.maybe_durable_dirty(slot),
+            slot < self.slots.slots() && !self.maybe_durable_dirty(slot),
             || format!("slot {slot} handed out for reuse while in use or possibly durably dirty"),
         )?;
-        self.keys[slot as usize] = key;
+        check(self.slots.occupy(slot, key), || {
+            format!("slot {slot} handed out for reuse while in use")
+        })?;
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
-        self.map.insert(key, slot);
         self.lines_used[usize::from(volume)] += 1;
-        self.policy.insert(slot, key);
         Ok(Some(slot))
     }
 
@@ -313,14 +326,14 @@ impl MapState {
             self.note_changed(slot);
             self.pending_free.push(slot);
         } else {
-            self.free.push(slot);
+            self.slots.give_free(slot);
         }
         Ok(())
     }
 
     /// Empties a mapped slot: its line leaves the map, its bits and statistics go.
     fn unmap(&mut self, slot: u32) -> Checked {
-        let key = self.keys[slot as usize];
+        let key = self.slots.key_of(slot);
         check(key != NO_KEY, || format!("free slot {slot} released again"))?;
         let vol = usize::from(volume_of(key));
         let (valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
@@ -331,8 +344,7 @@ impl MapState {
             self.lines_dirty[vol] -= 1;
         }
         self.lines_used[vol] -= 1;
-        self.map.remove(&key);
-        self.keys[slot as usize] = NO_KEY;
+        self.slots.vacate(slot);
         let wpl = self.words_per_line;
         let at = slot as usize * wpl;
         self.valid[at..at + wpl].fill(0);
@@ -341,8 +353,23 @@ impl MapState {
         self.either.remove(&slot);
         self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
-        self.policy.remove(slot);
         Ok(())
+    }
+
+    /// Moves a mapped slot to where its bits say it stands: dirty, clean but possibly
+    /// durably dirty (held until a commit), or clean (a candidate victim).
+    fn refresh_standing(&mut self, slot: u32) {
+        if !self.slots.is_mapped(slot) {
+            return;
+        }
+        let standing = if !self.dirty_bits(slot).is_empty() {
+            Standing::Dirty
+        } else if self.maybe_durable_dirty(slot) {
+            Standing::Held
+        } else {
+            Standing::Clean
+        };
+        self.slots.set_standing(slot, standing);
     }
 
     /// Whether the durable metadata may call any sector of the slot dirty.
@@ -370,6 +397,7 @@ impl MapState {
         let wpl = self.words_per_line;
         let at = slot as usize * wpl;
         self.recorded_dirty[at..at + wpl].copy_from_slice(&bits.0[..wpl]);
+        self.refresh_standing(slot);
     }
 
     /// Marks sectors valid with data equal to the backing device's (a fill). Sectors already
@@ -379,7 +407,7 @@ impl MapState {
     pub fn set_clean_valid(&mut self, slot: u32, first: usize, crcs: &[u32]) -> Checked {
         let count = crcs.len();
         self.check_sectors(slot, first, count)?;
-        if self.keys[slot as usize] == NO_KEY {
+        if self.slots.key_of(slot) == NO_KEY {
             return Ok(());
         }
         let (mut valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
@@ -399,7 +427,7 @@ impl MapState {
     pub fn set_written_through(&mut self, slot: u32, first: usize, crcs: &[u32]) -> Checked {
         let count = crcs.len();
         self.check_sectors(slot, first, count)?;
-        if self.keys[slot as usize] == NO_KEY {
+        if self.slots.key_of(slot) == NO_KEY {
             return Ok(());
         }
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
@@ -537,7 +565,7 @@ impl MapState {
     /// those two (see `either`). The next commit records the
     /// mark, so it survives restarts (widened, see `unverified`) until the data is settled.
     pub fn allow_either(&mut self, slot: u32, first: usize, failed_crcs: &[u32]) {
-        if self.keys[slot as usize] == NO_KEY {
+        if self.slots.key_of(slot) == NO_KEY {
             return;
         }
         // Damaged sectors too: whatever they held, the failed write's data may now be there.
@@ -605,7 +633,7 @@ impl MapState {
     pub fn damaged_slots(&self) -> Vec<(u32, LineKey, SectorBitmap)> {
         self.damaged
             .iter()
-            .map(|(&slot, &bits)| (slot, self.keys[slot as usize], bits))
+            .map(|(&slot, &bits)| (slot, self.slots.key_of(slot), bits))
             .collect()
     }
 
@@ -636,7 +664,7 @@ impl MapState {
     /// Drops sectors of a slot (valid and dirty); frees it when nothing valid remains.
     pub fn invalidate_slot(&mut self, slot: u32, first: usize, count: usize) -> Checked {
         self.check_sectors(slot, first, count)?;
-        if self.keys[slot as usize] == NO_KEY {
+        if self.slots.key_of(slot) == NO_KEY {
             return Ok(());
         }
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
@@ -649,7 +677,7 @@ impl MapState {
 
     /// The dirty sectors of a mapped slot.
     pub fn dirty_of(&self, slot: u32) -> Option<SectorBitmap> {
-        (self.keys[slot as usize] != NO_KEY).then(|| self.dirty_bits(slot))
+        (self.slots.key_of(slot) != NO_KEY).then(|| self.dirty_bits(slot))
     }
 
     /// Drops the clean sectors among `first..first+count` of a line, keeping dirty ones.
@@ -660,7 +688,7 @@ impl MapState {
         first: usize,
         count: usize,
     ) -> Checked {
-        let Some(&slot) = self.map.get(&line_key(volume, line)) else {
+        let Some(slot) = self.slots.slot_of(line_key(volume, line)) else {
             return Ok(());
         };
         self.check_sectors(slot, first, count)?;
@@ -675,8 +703,8 @@ impl MapState {
 
     /// Drops sectors of a line from the cache, if it is cached.
     pub fn invalidate(&mut self, volume: u16, line: u64, first: usize, count: usize) -> Checked {
-        match self.map.get(&line_key(volume, line)) {
-            Some(&slot) => self.invalidate_slot(slot, first, count),
+        match self.slots.slot_of(line_key(volume, line)) {
+            Some(slot) => self.invalidate_slot(slot, first, count),
             None => Ok(()),
         }
     }
@@ -685,7 +713,7 @@ impl MapState {
     /// the cleaner read it (`epoch`). Returns whether it did.
     pub fn mark_clean(&mut self, line: &DirtyLine, sectors: &SectorBitmap) -> Checked<bool> {
         let s = line.slot as usize;
-        if self.keys[s] != line.key || self.epoch[s] != line.epoch {
+        if self.slots.key_of(line.slot) != line.key || self.epoch[s] != line.epoch {
             return Ok(false);
         }
         let mut dirty = self.dirty_bits(line.slot);
@@ -701,7 +729,7 @@ impl MapState {
     }
 
     pub fn key_of(&self, slot: u32) -> LineKey {
-        self.keys[slot as usize]
+        self.slots.key_of(slot)
     }
 
     /// Up to `max` dirty lines in address order starting at `from` (wrapping once), those
@@ -721,22 +749,10 @@ impl MapState {
             .chain(self.dirty_index.range(..from))
             .take(scan);
         let mut out = Vec::new();
-        for (&key, &slot) in entries {
+        for (_, &slot) in entries {
             // Damaged sectors are never written back.
-            let mut dirty = self.dirty_bits(slot);
-            let damaged_bits = self.damaged_of(slot);
-            for w in 0..4 {
-                dirty.0[w] &= !damaged_bits.0[w];
-            }
-            if dirty.is_empty() && damaged == DamagedLines::Skip {
+            let Some(line) = self.dirty_line(slot, damaged) else {
                 continue;
-            }
-            let line = DirtyLine {
-                slot,
-                key,
-                dirty,
-                epoch: self.epoch[slot as usize],
-                since: self.dirty_since[slot as usize],
             };
             if want(&line) {
                 out.push(line);
@@ -746,6 +762,67 @@ impl MapState {
             }
         }
         out
+    }
+
+    /// Up to `max` dirty lines, the least recently used first (the ones the replacement
+    /// policy would evict next if they were clean), those accepted by `want`, leaving out
+    /// lines whose dirty sectors are all damaged (they cannot be written back). Examines at
+    /// most `scan` lines.
+    pub fn coldest_dirty_lines(
+        &self,
+        max: usize,
+        scan: usize,
+        want: &mut dyn FnMut(&DirtyLine) -> bool,
+    ) -> Vec<DirtyLine> {
+        let mut out = Vec::new();
+        for slot in self.slots.coldest_dirty().take(scan) {
+            let Some(line) = self.dirty_line(slot, DamagedLines::Skip) else {
+                continue;
+            };
+            if want(&line) {
+                out.push(line);
+                if out.len() >= max {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// A dirty slot as the cleaner plans it; its `dirty` leaves out damaged sectors. `None`
+    /// when nothing else is dirty and `damaged` says to skip such lines.
+    fn dirty_line(&self, slot: u32, damaged: DamagedLines) -> Option<DirtyLine> {
+        let mut dirty = self.dirty_bits(slot);
+        let damaged_bits = self.damaged_of(slot);
+        for w in 0..4 {
+            dirty.0[w] &= !damaged_bits.0[w];
+        }
+        if dirty.is_empty() && damaged == DamagedLines::Skip {
+            return None;
+        }
+        Some(DirtyLine {
+            slot,
+            key: self.slots.key_of(slot),
+            dirty,
+            epoch: self.epoch[slot as usize],
+            since: self.dirty_since[slot as usize],
+        })
+    }
+
+    /// Sets the most dirty lines (see `dirty_limit`).
+    pub fn set_dirty_limit(&mut self, lines: u32) {
+        self.dirty_limit = lines;
+    }
+
+    pub fn dirty_limit(&self) -> u32 {
+        self.dirty_limit
+    }
+
+    /// Whether a write may make one more line dirty. Checked, not reserved: writers that pass
+    /// it at once may each add a line, so the limit can be exceeded by at most the number of
+    /// write-back writes in flight.
+    pub fn may_dirty_another_line(&self) -> bool {
+        self.dirty_index.len() < self.dirty_limit as usize
     }
 
     /// The time the oldest dirty line became dirty (scans every dirty line).
@@ -772,11 +849,11 @@ impl MapState {
     }
 
     pub fn used_lines(&self) -> usize {
-        self.map.len()
+        self.slots.used()
     }
 
     fn record(&self, slot: u32) -> LineRecord {
-        let key = self.keys[slot as usize];
+        let key = self.slots.key_of(slot);
         if key == NO_KEY {
             return LineRecord::FREE;
         }
@@ -800,7 +877,7 @@ impl MapState {
 
     /// The record of every slot, for a checkpoint.
     pub fn records(&self) -> impl Iterator<Item = LineRecord> + '_ {
-        (0..self.keys.len() as u32).map(|slot| self.record(slot))
+        (0..self.slots.slots()).map(|slot| self.record(slot))
     }
 
     /// The journal's view of a slot: only dirty sectors matter after a crash (clean ones are
@@ -860,6 +937,9 @@ impl MapState {
     pub fn commit_done(&mut self, records: &[(u32, LineRecord)], compaction: bool) {
         if compaction {
             self.recorded_dirty.fill(0);
+            for slot in self.slots.held_slots() {
+                self.refresh_standing(slot);
+            }
         }
         // The last record of a slot is what replay uses now.
         for (slot, rec) in records {
@@ -870,13 +950,15 @@ impl MapState {
             .iter()
             .partition(|&&s| !self.maybe_durable_dirty(s));
         self.pending_free = waiting;
-        self.free.extend(reusable);
+        for slot in reusable {
+            self.slots.give_free(slot);
+        }
     }
 
     /// Drops a line wherever it is, during recovery (nothing is durable-dirty yet).
     pub fn forget_line(&mut self, volume: u16, line: u64) -> Checked {
-        match self.map.get(&line_key(volume, line)) {
-            Some(&slot) => self.forget_slot(slot),
+        match self.slots.slot_of(line_key(volume, line)) {
+            Some(slot) => self.forget_slot(slot),
             None => Ok(()),
         }
     }
@@ -885,7 +967,7 @@ impl MapState {
     /// free list is rebuilt at the end, `rebuild_free_list`).
     pub fn forget_slot(&mut self, slot: u32) -> Checked {
         self.set_recorded_dirty(slot, &SectorBitmap::default());
-        if self.keys[slot as usize] == NO_KEY {
+        if self.slots.key_of(slot) == NO_KEY {
             return Ok(());
         }
         self.unmap(slot)
@@ -912,11 +994,7 @@ impl MapState {
 
     /// Rebuilds the free list after `restore` calls.
     pub fn rebuild_free_list(&mut self) {
-        let n = self.keys.len() as u32;
-        self.free = (0..n)
-            .rev()
-            .filter(|&s| self.keys[s as usize] == NO_KEY)
-            .collect();
+        self.slots.rebuild_free_list();
     }
 
     /// Restores a slot from a checkpoint or journal record (call `rebuild_free_list` after
@@ -925,14 +1003,10 @@ impl MapState {
     /// `unverified`: the record comes from the journal after an unclean stop (see the field).
     pub fn restore(&mut self, slot: u32, rec: &LineRecord, unverified: bool) -> Checked {
         let key = line_key(rec.volume, rec.backing_line);
-        if rec.valid.is_empty() || self.map.contains_key(&key) || self.keys[slot as usize] != NO_KEY
-        {
+        if rec.valid.is_empty() || !self.slots.occupy(slot, key) {
             return Ok(());
         }
-        self.keys[slot as usize] = key;
-        self.map.insert(key, slot);
         self.lines_used[usize::from(rec.volume)] += 1;
-        self.policy.insert(slot, key);
         let (mut valid, mut dirty) = (rec.valid, rec.dirty);
         for s in self.sectors_per_line..256 {
             valid.set(s, false);
@@ -971,11 +1045,11 @@ impl MapState {
     /// Puts a slot that the durable metadata may call dirty on the free list: the bug the
     /// reuse check exists for.
     pub(crate) fn break_free_list_for_test(&mut self) -> u32 {
-        let slot = self.free.pop().unwrap_or(0);
+        let slot = self.slots.take_free().unwrap_or(0);
         let mut one = SectorBitmap::default();
         one.set(0, true);
         self.set_recorded_dirty(slot, &one);
-        self.free.push(slot);
+        self.slots.give_free(slot);
         slot
     }
 }
@@ -1014,6 +1088,120 @@ mod tests {
         m.set_dirty(slot, 0, &[1], 0).unwrap();
         m.invalidate_slot(slot, 0, 1).unwrap();
         assert!(m.release(slot).is_err(), "released twice");
+    }
+
+    /// Counts how many slots a policy's victim search examines.
+    struct CountingPolicy {
+        inner: Box<dyn ReplacementPolicy>,
+        examined: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl ReplacementPolicy for CountingPolicy {
+        fn insert(&mut self, slot: u32, key: u64) {
+            self.inner.insert(slot, key)
+        }
+        fn touch(&mut self, slot: u32) {
+            self.inner.touch(slot)
+        }
+        fn remove(&mut self, slot: u32) {
+            self.inner.remove(slot)
+        }
+        fn victim(&mut self, incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+            let examined = self.examined.clone();
+            self.inner.victim(incoming, &mut |s| {
+                examined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                evictable(s)
+            })
+        }
+        fn tracked(&self) -> u32 {
+            self.inner.tracked()
+        }
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+    }
+
+    /// The search a review measured at 380 us per write in a 1 GiB cache full of dirty lines:
+    /// the policy walked every dirty slot to find a clean one. Now dirty slots and slots
+    /// waiting for a commit are not among its candidates, whatever the policy.
+    #[test]
+    fn a_victim_search_never_walks_dirty_or_held_lines() {
+        const LINES: u32 = 4096;
+        for name in policy::names() {
+            let examined = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let policy = CountingPolicy {
+                inner: policy::by_name(name, LINES).expect("policy"),
+                examined: examined.clone(),
+            };
+            let mut m = MapState::new(LINES, 16, Box::new(policy));
+            m.set_dirty_limit(LINES);
+            let locks = LineLocks::new();
+            for line in 0..u64::from(LINES) {
+                let slot = m.allocate(0, line, &locks).unwrap().expect("free slot");
+                m.set_clean_valid(slot, 0, &[1]).unwrap();
+            }
+            // All dirty but two; one of those two waits for a commit (clean, possibly
+            // durably dirty), the other is the only possible victim.
+            let (held, clean) = (100u64, 3000u64);
+            for line in 0..u64::from(LINES) {
+                if line != clean {
+                    let slot = m.peek(0, line).unwrap().slot;
+                    m.set_dirty(slot, 0, &[2], 0).unwrap();
+                }
+            }
+            let records = m.take_changes();
+            m.commit_done(&records, false);
+            let held_slot = m.peek(0, held).unwrap().slot;
+            m.set_written_through(held_slot, 0, &[3]).unwrap();
+            examined.store(0, std::sync::atomic::Ordering::Relaxed);
+            let clean_slot = m.peek(0, clean).unwrap().slot;
+            let slot = m.allocate(0, 1 << 20, &locks).unwrap();
+            assert_eq!(slot, Some(clean_slot), "{name}");
+            m.set_dirty(clean_slot, 0, &[4], 0).unwrap();
+            assert!(
+                examined.load(std::sync::atomic::Ordering::Relaxed) <= 2,
+                "{name}: examined {} slots",
+                examined.load(std::sync::atomic::Ordering::Relaxed)
+            );
+            // Nothing clean is left: the answer comes at once, without a walk.
+            examined.store(0, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(
+                m.allocate(0, (1 << 20) + 1, &locks).unwrap(),
+                None,
+                "{name}"
+            );
+            assert_eq!(
+                examined.load(std::sync::atomic::Ordering::Relaxed),
+                0,
+                "{name}"
+            );
+            // Once a commit records the held slot clean, it may go.
+            let records = m.take_changes();
+            m.commit_done(&records, false);
+            assert_eq!(
+                m.allocate(0, (1 << 20) + 2, &locks).unwrap(),
+                Some(held_slot),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_dirty_limit_counts_lines() {
+        let mut m = map(10);
+        assert_eq!(m.dirty_limit(), 8, "80% of 10 lines");
+        let locks = LineLocks::new();
+        for line in 0..8 {
+            assert!(m.may_dirty_another_line());
+            let slot = m.allocate(0, line, &locks).unwrap().unwrap();
+            m.set_dirty(slot, 0, &[1], 0).unwrap();
+        }
+        assert!(!m.may_dirty_another_line());
+        m.set_dirty_limit(9);
+        assert!(m.may_dirty_another_line());
+        assert_eq!(dirty_limit_lines(10, 0.0), 0);
+        assert_eq!(dirty_limit_lines(10, 1.5), 10);
+        assert_eq!(dirty_limit_lines(10, 0.55), 5);
     }
 
     #[test]

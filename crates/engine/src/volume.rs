@@ -644,44 +644,50 @@ impl Volume {
         Ok(false)
     }
 
-    /// Lays the cached sectors of a range over `buf`, which holds the backing device's data:
-    /// cached sectors may be dirty (newer than the backing device).
+    /// Lays the dirty sectors of a range over `buf`, which holds the backing device's data:
+    /// they are newer than the backing device's copy. Clean cached sectors hold what the
+    /// backing device holds, so they are not read (a stream read past the cutoff, or a miss
+    /// next to cached data, costs the cache device nothing unless the range has dirty data).
     fn overlay_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mut crcs = [0u32; MAX_SECTORS];
         for seg in self.segments(offset, buf.len() as u64) {
-            let (hit, confirm) = {
+            let (slot, dirty, confirm) = {
                 let map = self.core.map();
                 let Some(hit) = map.peek(self.id, seg.line) else {
                     continue;
                 };
+                let dirty = map.dirty_of(hit.slot).unwrap_or_default();
+                if (seg.first_sector..seg.first_sector + seg.sectors).all(|s| !dirty.get(s)) {
+                    continue;
+                }
                 let confirm = map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
-                (hit, confirm)
+                (hit.slot, dirty, confirm)
             };
             let end = seg.first_sector + seg.sectors;
             let mut s = seg.first_sector;
             while s < end {
-                if !hit.valid.get(s) {
+                if !dirty.get(s) {
                     s += 1;
                     continue;
                 }
-                let run_end = (s..end).find(|&t| !hit.valid.get(t)).unwrap_or(end);
+                let run_end = (s..end).find(|&t| !dirty.get(t)).unwrap_or(end);
                 let at = seg.buf_at + (s - seg.first_sector) * SECTOR_SIZE as usize;
                 let run = &mut buf[at..at + (run_end - s) * SECTOR_SIZE as usize];
-                let snapshot = CrcSnapshot {
-                    slot: hit.slot,
-                    confirm,
-                };
-                self.overlay_run(&seg, snapshot, s, run, &crcs[s - seg.first_sector..])?;
+                let snapshot = CrcSnapshot { slot, confirm };
+                self.overlay_dirty_run(&seg, snapshot, s, run, &crcs[s - seg.first_sector..])?;
                 s = run_end;
             }
         }
         Ok(())
     }
 
-    /// Reads cached sectors `first..` of `slot` over `run` (which holds the backing device's
-    /// copy), checked against `crcs`. A clean sector the cache cannot give back is dropped and
-    /// read again from the backing device; a dirty one fails the read.
-    fn overlay_run(
+    /// Reads dirty sectors `first..` of `slot` into `run` (in place of the backing device's
+    /// older copy), checked against `crcs`. A dirty sector the cache cannot give back fails the
+    /// read (the backing copy is stale), so reading straight into the request's buffer is
+    /// safe: on any failure the caller gets an error, never the buffer. (A sector that became
+    /// clean meanwhile, written back by the cleaner, holds the same bytes as the backing
+    /// device.)
+    fn overlay_dirty_run(
         &self,
         seg: &Segment,
         snapshot: CrcSnapshot,
@@ -690,21 +696,22 @@ impl Volume {
         crcs: &[u32],
     ) -> Result<()> {
         let slot = snapshot.slot;
-        let mut cached = AlignedBuf::zeroed(run.len());
         let from = self.core.layout.slot_offset(u64::from(slot)) + first as u64 * SECTOR_SIZE;
-        if let Err(e) = self.core.dev.read_at(&mut cached, from) {
-            // `run` still holds the backing device's copy, right for clean sectors.
+        let run_offset = seg.offset + ((first - seg.first_sector) as u64) * SECTOR_SIZE;
+        if let Err(e) = self.core.dev.read_at(run, from) {
+            // Fails the read if any sector is still dirty; else they were all written back
+            // meanwhile, and the backing device has them.
             self.cache_read_failed(slot, first, run.len() / SECTOR_SIZE as usize, e)?;
-            return Ok(());
+            return self.read_backing(run, run_offset);
         }
-        let sectors = run
-            .chunks_mut(SECTOR_SIZE as usize)
-            .zip(cached.chunks(SECTOR_SIZE as usize));
-        for (i, (out, sector)) in sectors.enumerate() {
-            // A clean sector that fails is dropped: the backing copy in `out` stays.
-            if self.verify_cached(snapshot, seg.line, first + i, sector, &crcs[i..=i])? {
-                out.copy_from_slice(sector);
+        let sector = SECTOR_SIZE as usize;
+        for (i, data) in run.chunks_mut(sector).enumerate() {
+            // A dirty sector that fails fails the read; one that fails and was written back
+            // meanwhile is dropped and read from the backing device.
+            if self.verify_cached(snapshot, seg.line, first + i, data, &crcs[i..=i])? {
                 self.count(Counter::BytesFromCache, SECTOR_SIZE);
+            } else {
+                self.read_backing(data, run_offset + (i * sector) as u64)?;
             }
         }
         Ok(())
@@ -880,6 +887,27 @@ impl Volume {
             })
     }
 
+    /// The slot a write-back write of `seg` may make dirty: its line's slot when the line
+    /// holds dirty data already (an overwrite is absorbed whatever the dirty limit), else,
+    /// below the cache's dirty limit, the line's slot or a newly allocated one. `None` when the
+    /// write must go around: the cache is at its dirty limit, or no slot can be freed.
+    fn slot_to_dirty(&self, seg: &Segment) -> Result<Option<(u32, bool)>> {
+        self.core.with_map(|map| {
+            let found = map.lookup(self.id, seg.line);
+            let dirty_already =
+                found.is_some_and(|l| map.dirty_of(l.slot).is_some_and(|d| !d.is_empty()));
+            if !dirty_already && !map.may_dirty_another_line() {
+                return Ok(None);
+            }
+            match found {
+                Some(hit) => Ok(Some((hit.slot, true))),
+                None => Ok(map
+                    .allocate(self.id, seg.line, &self.core.locks)?
+                    .map(|slot| (slot, false))),
+            }
+        })
+    }
+
     fn invalidate(&self, offset: u64, length: u64) -> Result<()> {
         self.core.with_map(|map| {
             self.segments(offset, length).try_for_each(|seg| {
@@ -1049,7 +1077,7 @@ impl Volume {
     /// Writes one segment into its cache line, marked dirty. Returns whether the line was
     /// cached already.
     fn write_back_segment(&self, seg: &Segment, part: &[u8], now: u32) -> Result<bool> {
-        let Some((slot, cached)) = self.slot_for(seg)? else {
+        let Some((slot, cached)) = self.slot_to_dirty(seg)? else {
             self.count(Counter::BytesWrittenAroundFull, seg.len as u64);
             self.write_around(seg.offset, part, false)?;
             return Ok(false);

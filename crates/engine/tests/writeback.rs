@@ -515,6 +515,8 @@ fn full_cache_of_dirty_data_still_takes_writes() {
     const BACKING: u64 = 64 * MIB;
     let backing = Arc::new(MemDevice::new("backing", BACKING));
     let (_cache_dev, cache, _) = open_wb(16 * MIB, backing.clone(), LINE);
+    // No dirty limit: every line may be dirty, so writes find no line at all.
+    cache.set_dirty_limit(1.0);
     let vol = cache.volumes()[0].clone();
     let line_count = cache.layout().line_count;
     let backing_lines = BACKING / LINE;
@@ -588,6 +590,126 @@ fn full_cache_of_dirty_data_still_takes_writes() {
     assert_eq!(counter(&vol, "bytes_written_around_full"), around);
     assert_eq!(vol.stats().dirty_lines, 16);
     assert_reads_match(&cache, &model, "after draining a full cache");
+}
+
+/// Past the dirty limit, writes to lines without dirty data go to the backing device (lines
+/// cached clean are dropped), overwrites of dirty lines are still absorbed, clean lines stay
+/// available for read misses, and nothing is lost.
+#[test]
+fn writes_past_the_dirty_limit_go_around_and_overwrites_are_absorbed() {
+    const BACKING: u64 = 64 * MIB;
+    let backing = Arc::new(MemDevice::new("backing", BACKING));
+    let (_cache_dev, cache, _) = open_wb(16 * MIB, backing.clone(), LINE);
+    cache.set_dirty_limit(0.5);
+    let vol = cache.volumes()[0].clone();
+    let line_count = cache.layout().line_count;
+    let limit = cache.dirty_limit_lines();
+    assert_eq!(limit, line_count / 2);
+    let mut model = vec![0u8; BACKING as usize];
+    let mut tag = 0u64;
+    let mut rng = Rng(7);
+    for line in 0..line_count {
+        tag += 1;
+        write(&cache, &mut model, line * LINE, &data(tag, SECTOR as usize));
+    }
+    assert_eq!(
+        vol.stats().dirty_lines,
+        limit,
+        "dirty lines stop at the limit"
+    );
+    let around = counter(&vol, "bytes_written_around_full");
+    assert_eq!(around, (line_count - limit) * SECTOR);
+    // Overwrites of dirty lines are absorbed: nothing more goes around.
+    let hits = counter(&vol, "write_hits");
+    for _ in 0..100 {
+        tag += 1;
+        let line = rng.below(limit);
+        let at = line * LINE + rng.below(SECTORS_PER_LINE) * SECTOR;
+        write(&cache, &mut model, at, &data(tag, SECTOR as usize));
+    }
+    assert_eq!(counter(&vol, "bytes_written_around_full"), around);
+    assert_eq!(counter(&vol, "write_hits"), hits + 100);
+    assert_eq!(vol.stats().dirty_lines, limit);
+    // Read misses still get lines: the clean ones are there for them.
+    let mut buf = vec![0u8; LINE as usize];
+    for line in 2 * line_count..2 * line_count + 8 {
+        vol.read(line * LINE, &mut buf).expect("read");
+    }
+    assert!(vol.stats().lines_used > limit, "read misses were cached");
+    // A write to a line cached clean goes around and drops the cached copy.
+    tag += 1;
+    write(
+        &cache,
+        &mut model,
+        2 * line_count * LINE,
+        &data(tag, SECTOR as usize),
+    );
+    assert_eq!(vol.stats().dirty_lines, limit);
+    assert_reads_match(&cache, &model, "past the dirty limit");
+    // Raised, the limit lets new lines become dirty again.
+    cache.set_dirty_limit(1.0);
+    tag += 1;
+    write(
+        &cache,
+        &mut model,
+        (3 * line_count) * LINE,
+        &data(tag, SECTOR as usize),
+    );
+    assert_eq!(vol.stats().dirty_lines, limit + 1);
+    vol.flush().expect("flush");
+    cache
+        .drain(&CleanerConfig::default(), &mut |_| true)
+        .expect("drain");
+    assert!(
+        backing.snapshot() == model,
+        "data lost past the dirty limit"
+    );
+}
+
+/// Under dirty pressure the cleaner writes back the least recently used dirty lines first,
+/// in address order, and leaves the hot ones dirty.
+#[test]
+fn under_dirty_pressure_the_coldest_dirty_lines_are_written_back_first() {
+    const BACKING: u64 = 64 * MIB;
+    let backing = Arc::new(MemDevice::new("backing", BACKING));
+    let (_cache_dev, cache, _) = open_wb(16 * MIB, backing.clone(), LINE);
+    cache.set_dirty_limit(1.0);
+    let vol = cache.volumes()[0].clone();
+    let mut model = vec![0u8; BACKING as usize];
+    // Lines 0..64 dirty; then the even ones written again (hot).
+    for line in 0..64u64 {
+        write(
+            &cache,
+            &mut model,
+            line * LINE,
+            &data(line + 1, SECTOR as usize),
+        );
+    }
+    for line in (0..64u64).step_by(2) {
+        write(
+            &cache,
+            &mut model,
+            line * LINE + SECTOR,
+            &data(line + 100, SECTOR as usize),
+        );
+    }
+    let cfg = CleanerConfig {
+        batch_lines: 32,
+        ..CleanerConfig::default()
+    };
+    let report = cache.clean_batch(&cfg, 4, Select::Coldest).expect("batch");
+    assert_eq!(report.lines_cleaned, 32);
+    // The odd lines (cold) were written back, as 32 single-line writes in address order.
+    let mut buf = vec![0u8; SECTOR as usize];
+    for line in 0..64u64 {
+        backing
+            .read_at(&mut buf, line * LINE)
+            .expect("read backing");
+        let written_back = buf[..] == data(line + 1, SECTOR as usize)[..];
+        assert_eq!(written_back, line % 2 == 1, "line {line}");
+    }
+    assert_eq!(vol.stats().dirty_lines, 32);
+    assert_reads_match(&cache, &model, "after a coldest-first batch");
 }
 
 // ---------------------------------------------------------------------------------------

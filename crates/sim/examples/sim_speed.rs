@@ -60,6 +60,7 @@ fn run() -> Result<(), String> {
             admission: Admission::Always,
             sequential_cutoff: 0,
             mode: Mode::WriteThrough,
+            writeback: Default::default(),
         };
         let start = cpu_seconds()?;
         let mut references = 0;

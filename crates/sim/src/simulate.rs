@@ -11,21 +11,30 @@
 //! - Read miss (admitted): the line is read whole from the backing device and written to the
 //!   cache. Not admitted, or part of a bypassed stream: only the bytes asked for are read.
 //! - write-through: every write goes to the backing device; a hit or an admitted miss also
-//!   writes the cache. write-back: a hit or an admitted miss writes only the cache and makes
-//!   the line dirty; other writes go around the cache. An evicted dirty line is written back
-//!   first (the engine's cleaner does that ahead of time; the bytes are the same), and dirty
-//!   lines left at the end are counted as written back. write-around: writes go to the
-//!   backing device and drop the line from the cache.
+//!   writes the cache. write-around: writes go to the backing device and drop the line from
+//!   the cache.
+//! - write-back, with the engine's own map and victim code (`ssdcache_engine::residency`):
+//!   dirty lines are never evicted (the policy ranks only clean ones). A write to a dirty line
+//!   is absorbed; below the dirty limit a hit or an admitted miss makes its line dirty; past
+//!   it, or when every line is dirty, the write goes to the backing device (a clean cached copy
+//!   is dropped). The cleaner writes back lines dirty for longer than the maximum age, and the
+//!   least recently used dirty lines from the high watermark down to the low one, at most
+//!   `WritebackModel::rate` bytes per second of trace time (by default as fast as needed, so the
+//!   dirty limit binds only with a rate). A line written back costs the bytes written into it
+//!   since it became dirty (at most a line): the engine writes back dirty sectors only. Dirty
+//!   lines left at the end are counted as written back.
 //! - The stream detector and the n-hit ghost table are the engine's, one detector per volume.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::FxBuildHasher;
 use serde::Serialize;
 use ssdcache_engine::admission::{Admission, NHitAdmission, StreamDetector};
-use ssdcache_engine::policy::{self, ReplacementPolicy};
+use ssdcache_engine::dirty_limit_lines;
+use ssdcache_engine::policy;
+use ssdcache_engine::residency::{Residency, Standing};
 
 use crate::trace::{block_key, Op, Request, MIN_LINE_SIZE};
 
@@ -79,6 +88,41 @@ pub struct SimConfig {
     /// Bytes after which a sequential stream bypasses the cache; 0 = never.
     pub sequential_cutoff: u64,
     pub mode: Mode,
+    /// Write-back: the dirty limit and the cleaner.
+    pub writeback: WritebackModel,
+}
+
+/// The engine's write-back machinery as the simulator models it: the dirty limit, and a
+/// cleaner that writes back the coldest dirty lines above the high watermark (down to the low
+/// one) and lines dirty for longer than the maximum age, at most `rate` bytes per second of
+/// trace time. Defaults are the engine's (`serve`'s).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WritebackModel {
+    /// Share of the lines that may be dirty (`serve --dirty-limit`, as a share).
+    pub dirty_limit: f64,
+    /// Share of dirty lines above which the cleaner writes back the coldest ones.
+    pub high_watermark: f64,
+    /// ... down to this share.
+    pub low_watermark: f64,
+    /// Lines dirty for longer than this (trace time) are written back; 0 = never by age.
+    pub max_age_ns: u64,
+    /// Bytes per second of trace time the backing device takes from the cleaner; `None` = as
+    /// many as needed (the cleaner always keeps up). A trace without times (every request at
+    /// time 0) gives a rate-limited cleaner no time at all.
+    pub rate: Option<u64>,
+}
+
+impl Default for WritebackModel {
+    fn default() -> Self {
+        let cleaner = ssdcache_engine::CleanerConfig::default();
+        WritebackModel {
+            dirty_limit: ssdcache_engine::DEFAULT_DIRTY_LIMIT,
+            high_watermark: cleaner.high_watermark,
+            low_watermark: cleaner.low_watermark,
+            max_age_ns: cleaner.max_age.as_nanos().min(u128::from(u64::MAX)) as u64,
+            rate: None,
+        }
+    }
 }
 
 fn display<S: serde::Serializer>(a: &Admission, s: S) -> Result<S::Ok, S::Error> {
@@ -117,6 +161,16 @@ pub struct SimCounters {
     pub backing_bytes_written: u64,
     /// Of `backing_bytes_written`, the dirty lines left at the end of the trace.
     pub dirty_bytes_at_end: u64,
+    /// Write-back: writes to dirty lines (absorbed: the backing device sees them once, when
+    /// the line is written back).
+    pub overwrite_refs: u64,
+    /// Write-back: write references that went to the backing device because the cache was at
+    /// its dirty limit or had no clean line to give (the engine's `bytes_written_around_full`).
+    pub written_around_refs: u64,
+    /// Of `backing_bytes_written`, what the cleaner wrote back during the trace.
+    pub cleaned_bytes: u64,
+    /// The most lines dirty at once.
+    pub peak_dirty_lines: u64,
 }
 
 impl SimCounters {
@@ -151,11 +205,25 @@ pub struct SimResult {
 /// One cache being simulated.
 pub struct Simulation {
     config: SimConfig,
-    policy: Box<dyn ReplacementPolicy>,
-    slot_of: FxHashMap<u64, u32>,
-    key_of: Vec<u64>,
-    dirty: Vec<bool>,
-    free: Vec<u32>,
+    /// The engine's own map and victim code: clean lines ranked by the policy, dirty ones
+    /// apart (never evicted; the cleaner writes them back).
+    slots: Residency<'static, FxBuildHasher>,
+    /// Bytes written into each dirty line since it became dirty (at most a line): what the
+    /// cleaner writes back for it.
+    dirty_bytes: Vec<u64>,
+    /// Dirty lines in the order they became dirty, for cleaning by age: (slot, since, the
+    /// slot's `dirty_round` then). An entry whose round is no longer the slot's is stale.
+    aging: VecDeque<(u32, u64, u32)>,
+    /// Counts each slot's dirty periods.
+    dirty_round: Vec<u32>,
+    dirty_limit_lines: u64,
+    high_lines: u64,
+    low_lines: u64,
+    /// The cleaner is bringing the dirty lines down from the high watermark to the low one.
+    cleaning: bool,
+    /// Bytes the cleaner may still write (with a rate), and the trace time it was topped up.
+    budget: f64,
+    now_ns: u64,
     admission: Option<NHitAdmission>,
     streams: HashMap<u32, StreamDetector>,
     line_shift: u32,
@@ -177,12 +245,19 @@ impl Simulation {
                 name: config.policy.clone(),
             })?;
         let admission = config.admission.table(slots as usize);
+        let wb = &config.writeback;
+        let share_of = |share: f64| u64::from(dirty_limit_lines(slots, share));
         Ok(Simulation {
-            policy,
-            slot_of: FxHashMap::with_capacity_and_hasher(slots as usize, Default::default()),
-            key_of: vec![0; slots as usize],
-            dirty: vec![false; slots as usize],
-            free: (0..slots).rev().collect(),
+            slots: Residency::with_hasher(slots, policy, FxBuildHasher),
+            dirty_bytes: vec![0; slots as usize],
+            aging: VecDeque::new(),
+            dirty_round: vec![0; slots as usize],
+            dirty_limit_lines: share_of(wb.dirty_limit),
+            high_lines: share_of(wb.high_watermark),
+            low_lines: share_of(wb.low_watermark),
+            cleaning: false,
+            budget: 0.0,
+            now_ns: 0,
             admission,
             streams: HashMap::new(),
             line_shift: config.line_size.trailing_zeros(),
@@ -193,6 +268,9 @@ impl Simulation {
 
     pub fn request(&mut self, r: &Request) {
         self.counters.requests += 1;
+        if self.config.mode == Mode::WriteBack {
+            self.run_cleaner(r.time_ns);
+        }
         if r.len == 0 {
             return;
         }
@@ -224,30 +302,33 @@ impl Simulation {
     fn read_line(&mut self, key: u64, bytes: u64, bypass: bool) {
         let c = &mut self.counters;
         c.read_refs += 1;
-        if let Some(&slot) = self.slot_of.get(&key) {
+        if let Some(slot) = self.slots.slot_of(key) {
             c.read_hits += 1;
-            self.policy.touch(slot);
+            self.slots.touch(slot);
             return;
         }
         if bypass || !self.admit(key) {
             self.counters.backing_bytes_read += bytes;
             return;
         }
+        if self.take_slot(key).is_none() {
+            // Every line dirty: nothing to fill.
+            self.counters.backing_bytes_read += bytes;
+            return;
+        }
         let line_size = self.config.line_size;
         self.counters.backing_bytes_read += line_size;
         self.counters.cache_bytes_written += line_size;
-        self.insert(key, false);
     }
 
     fn write_line(&mut self, key: u64, bytes: u64, bypass: bool) {
         self.counters.write_refs += 1;
-        let cached = self.slot_of.get(&key).copied();
+        let cached = self.slots.slot_of(key);
         match self.config.mode {
             Mode::WriteAround => {
                 self.counters.backing_bytes_written += bytes;
                 if let Some(slot) = cached {
-                    self.release(slot);
-                    self.free.push(slot);
+                    self.drop_line(slot);
                 }
             }
             Mode::WriteThrough => {
@@ -255,26 +336,58 @@ impl Simulation {
                 if let Some(slot) = cached {
                     self.counters.write_hits += 1;
                     self.counters.cache_bytes_written += bytes;
-                    self.policy.touch(slot);
-                } else if !bypass && self.admit(key) {
+                    self.slots.touch(slot);
+                } else if !bypass && self.admit(key) && self.take_slot(key).is_some() {
                     self.counters.cache_bytes_written += bytes;
-                    self.insert(key, false);
                 }
             }
-            Mode::WriteBack => {
-                if let Some(slot) = cached {
-                    self.counters.write_hits += 1;
-                    self.counters.cache_bytes_written += bytes;
-                    self.dirty[slot as usize] = true;
-                    self.policy.touch(slot);
-                } else if !bypass && self.admit(key) {
-                    self.counters.cache_bytes_written += bytes;
-                    self.insert(key, true);
-                } else {
-                    self.counters.backing_bytes_written += bytes;
-                }
-            }
+            Mode::WriteBack => self.write_back(key, cached, bytes, bypass),
         }
+    }
+
+    /// As the engine: an overwrite of a dirty line is absorbed; below the dirty limit a write
+    /// makes its line dirty (allocating one on a miss); past it, or with no clean line to give,
+    /// it goes to the backing device (dropping a clean cached copy).
+    fn write_back(&mut self, key: u64, cached: Option<u32>, bytes: u64, bypass: bool) {
+        if let Some(slot) = cached {
+            self.counters.write_hits += 1;
+            if self.slots.standing(slot) == Some(Standing::Dirty) {
+                self.counters.overwrite_refs += 1;
+            } else if !self.may_dirty_another_line() {
+                self.counters.write_hits -= 1;
+                self.write_around(bytes);
+                self.drop_line(slot);
+                return;
+            }
+            self.counters.cache_bytes_written += bytes;
+            self.make_dirty(slot, bytes);
+            self.slots.touch(slot);
+            return;
+        }
+        if bypass || !self.admit(key) {
+            self.counters.backing_bytes_written += bytes;
+            return;
+        }
+        let slot = match self.may_dirty_another_line() {
+            true => self.take_slot(key),
+            false => None,
+        };
+        match slot {
+            Some(slot) => {
+                self.counters.cache_bytes_written += bytes;
+                self.make_dirty(slot, bytes);
+            }
+            None => self.write_around(bytes),
+        }
+    }
+
+    fn write_around(&mut self, bytes: u64) {
+        self.counters.written_around_refs += 1;
+        self.counters.backing_bytes_written += bytes;
+    }
+
+    fn may_dirty_another_line(&self) -> bool {
+        u64::from(self.slots.dirty_count()) < self.dirty_limit_lines
     }
 
     /// Asks the admission policy about a miss; counts a refusal.
@@ -286,38 +399,121 @@ impl Simulation {
         admitted
     }
 
-    fn insert(&mut self, key: u64, dirty: bool) {
-        let slot = match self.free.pop() {
+    /// A slot for `key`, clean: a free one or the policy's victim among clean lines. `None`
+    /// when every line is dirty.
+    fn take_slot(&mut self, key: u64) -> Option<u32> {
+        let slot = match self.slots.take_free() {
             Some(slot) => slot,
             None => {
-                let Some(victim) = self.policy.victim(key, &mut |_| true) else {
-                    unreachable!("a full cache of evictable lines has a victim");
-                };
+                let victim = self.slots.victim(key, &mut |_, _| true)?;
                 self.counters.evictions += 1;
-                self.release(victim);
+                self.slots.vacate(victim);
                 victim
             }
         };
-        self.key_of[slot as usize] = key;
-        self.dirty[slot as usize] = dirty;
-        self.slot_of.insert(key, slot);
-        self.policy.insert(slot, key);
+        let placed = self.slots.occupy(slot, key);
+        debug_assert!(placed, "a free slot for a key not cached");
+        Some(slot)
     }
 
-    /// Empties a slot (eviction or invalidation), writing a dirty line back first; the
-    /// caller reuses it or puts it on the free list.
-    fn release(&mut self, slot: u32) {
-        if std::mem::take(&mut self.dirty[slot as usize]) {
-            self.counters.backing_bytes_written += self.config.line_size;
+    /// Drops a clean line (write-around, or a write past the dirty limit).
+    fn drop_line(&mut self, slot: u32) {
+        debug_assert_ne!(self.slots.standing(slot), Some(Standing::Dirty));
+        self.slots.vacate(slot);
+        self.slots.give_free(slot);
+    }
+
+    fn make_dirty(&mut self, slot: u32, bytes: u64) {
+        let s = slot as usize;
+        if self.slots.standing(slot) != Some(Standing::Dirty) {
+            self.slots.set_standing(slot, Standing::Dirty);
+            self.aging
+                .push_back((slot, self.now_ns, self.dirty_round[s]));
+            self.counters.peak_dirty_lines = self
+                .counters
+                .peak_dirty_lines
+                .max(u64::from(self.slots.dirty_count()));
         }
-        self.slot_of.remove(&self.key_of[slot as usize]);
-        self.policy.remove(slot);
+        self.dirty_bytes[s] = (self.dirty_bytes[s] + bytes).min(self.config.line_size);
+    }
+
+    /// The cleaner, up to trace time `now`: lines dirty for longer than the maximum age, then
+    /// the coldest dirty lines from the high watermark down to the low one, within the bytes
+    /// the rate allows.
+    fn run_cleaner(&mut self, now: u64) {
+        let wb = &self.config.writeback;
+        if let Some(rate) = wb.rate {
+            let elapsed = now.saturating_sub(self.now_ns) as f64 / 1e9;
+            // At most a second's worth saved up (and at least one line, so a slow rate still
+            // cleans).
+            let most = (rate as f64).max(self.config.line_size as f64);
+            self.budget = (self.budget + rate as f64 * elapsed).min(most);
+        }
+        self.now_ns = self.now_ns.max(now);
+        let max_age = wb.max_age_ns;
+        if max_age > 0 {
+            self.clean_aged(max_age);
+        }
+        let dirty = u64::from(self.slots.dirty_count());
+        self.cleaning =
+            dirty >= self.high_lines.max(1) || (self.cleaning && dirty > self.low_lines);
+        while self.cleaning && u64::from(self.slots.dirty_count()) > self.low_lines {
+            let Some(slot) = self.slots.coldest_dirty().next() else {
+                break;
+            };
+            if !self.clean(slot) {
+                break;
+            }
+        }
+        if self.aging.len() > 4 * self.dirty_round.len() {
+            // Bounds the stale entries a trace without times (or a long max age) leaves.
+            let (rounds, slots) = (&self.dirty_round, &self.slots);
+            self.aging.retain(|&(slot, _, round)| {
+                round == rounds[slot as usize] && slots.standing(slot) == Some(Standing::Dirty)
+            });
+        }
+    }
+
+    /// Writes back the lines dirty for longer than `max_age`, oldest first, while the rate
+    /// allows.
+    fn clean_aged(&mut self, max_age: u64) {
+        while let Some(&(slot, since, round)) = self.aging.front() {
+            if round != self.dirty_round[slot as usize] {
+                self.aging.pop_front(); // cleaned or dropped since
+                continue;
+            }
+            if self.now_ns.saturating_sub(since) < max_age || !self.clean(slot) {
+                break;
+            }
+        }
+    }
+
+    /// Writes a dirty line back, if the rate allows it now.
+    fn clean(&mut self, slot: u32) -> bool {
+        let s = slot as usize;
+        let cost = self.dirty_bytes[s];
+        if self.config.writeback.rate.is_some() {
+            if self.budget < cost as f64 {
+                return false;
+            }
+            self.budget -= cost as f64;
+        }
+        self.counters.backing_bytes_written += cost;
+        self.counters.cleaned_bytes += cost;
+        self.dirty_bytes[s] = 0;
+        self.dirty_round[s] = self.dirty_round[s].wrapping_add(1);
+        self.slots.set_standing(slot, Standing::Clean);
+        true
     }
 
     pub fn finish(mut self) -> SimResult {
-        let dirty = self.dirty.iter().filter(|&&d| d).count() as u64;
-        self.counters.dirty_bytes_at_end = dirty * self.config.line_size;
-        self.counters.backing_bytes_written += self.counters.dirty_bytes_at_end;
+        let dirty: u64 = self
+            .slots
+            .coldest_dirty()
+            .map(|s| self.dirty_bytes[s as usize])
+            .sum();
+        self.counters.dirty_bytes_at_end = dirty;
+        self.counters.backing_bytes_written += dirty;
         SimResult {
             config: self.config,
             counters: self.counters,
@@ -435,6 +631,7 @@ mod tests {
             admission: Admission::Always,
             sequential_cutoff: 0,
             mode,
+            writeback: WritebackModel::default(),
         }
     }
 
@@ -499,9 +696,13 @@ mod tests {
 
         let wb = run_one(config("lru", 1, Mode::WriteBack), &reqs);
         assert_eq!((wb.write_hits, wb.read_hits), (1, 1));
-        // The dirty line is written back once, when block 1 evicts it.
+        assert_eq!(wb.overwrite_refs, 1);
+        // A dirty line is never evicted: block 1 is read around it, and the line is written
+        // back once, at the end.
+        assert_eq!(wb.evictions, 0);
+        assert_eq!(wb.backing_bytes_read, 4096);
         assert_eq!(wb.backing_bytes_written, 4096);
-        assert_eq!(wb.dirty_bytes_at_end, 0);
+        assert_eq!(wb.dirty_bytes_at_end, 4096);
 
         let wa = run_one(config("lru", 1, Mode::WriteAround), &reqs);
         assert_eq!((wa.write_hits, wa.read_hits), (0, 0));
@@ -514,6 +715,100 @@ mod tests {
         let wb = run_one(config("lru", 4, Mode::WriteBack), &[write(0), write(1)]);
         assert_eq!(wb.dirty_bytes_at_end, 2 * 4096);
         assert_eq!(wb.backing_bytes_written, 2 * 4096);
+    }
+
+    fn at(ms: u64, r: Request) -> Request {
+        Request {
+            time_ns: ms * 1_000_000,
+            ..r
+        }
+    }
+
+    /// A write-back config whose cleaner never runs unless a test turns it on.
+    fn wb_config(lines: u64, dirty_limit: f64) -> SimConfig {
+        let mut c = config("lru", lines, Mode::WriteBack);
+        c.writeback = WritebackModel {
+            dirty_limit,
+            high_watermark: 1.0,
+            low_watermark: 1.0,
+            max_age_ns: 0,
+            rate: None,
+        };
+        c
+    }
+
+    #[test]
+    fn dirty_lines_are_never_evicted_and_the_limit_sends_writes_around() {
+        // 10 lines, at most 5 dirty.
+        let mut reqs: Vec<Request> = (0..10).map(write).collect();
+        reqs.extend((0..5).map(write)); // overwrites of the dirty lines
+        reqs.extend((100..120).map(read)); // read misses cycle through the 5 clean lines
+        reqs.extend((0..5).map(read)); // the dirty lines are still there
+        let c = run_one(wb_config(10, 0.5), &reqs);
+        assert_eq!(c.written_around_refs, 5);
+        assert_eq!(c.overwrite_refs, 5);
+        assert_eq!(c.peak_dirty_lines, 5);
+        assert_eq!(
+            c.evictions, 15,
+            "20 read misses, 5 free slots, only clean lines go"
+        );
+        assert_eq!(c.read_hits, 5);
+        assert_eq!(c.dirty_bytes_at_end, 5 * 4096);
+        assert_eq!(c.backing_bytes_written, 5 * 4096 + 5 * 4096);
+    }
+
+    #[test]
+    fn a_write_to_a_clean_line_past_the_limit_goes_around_and_drops_it() {
+        let reqs = [read(7), write(0), write(7), read(7)];
+        let c = run_one(wb_config(4, 0.25), &reqs);
+        assert_eq!(c.written_around_refs, 1);
+        assert_eq!(c.read_hits, 0, "the clean copy of 7 was dropped");
+        assert_eq!(c.write_hits, 0);
+    }
+
+    #[test]
+    fn the_cleaner_writes_back_the_coldest_dirty_lines_above_the_high_watermark() {
+        let mut cfg = wb_config(10, 1.0);
+        cfg.writeback.high_watermark = 0.5;
+        cfg.writeback.low_watermark = 0.2;
+        // Lines 0..4 dirty, 0 written again (warm), then 4: the next request finds 5 dirty
+        // lines (the high watermark) and the cleaner takes the coldest (1, 2, 3) down to 2.
+        let mut reqs: Vec<Request> = (0..4).map(write).collect();
+        reqs.extend([write(0), write(4), read(50)]);
+        // 0 and 4 are still dirty (absorbed); 1 was written back (dirty again, not absorbed).
+        reqs.extend([write(0), write(4), write(1)]);
+        let c = run_one(cfg, &reqs);
+        assert_eq!(c.cleaned_bytes, 3 * 4096, "lines 1, 2, 3");
+        assert_eq!(c.overwrite_refs, 1 + 2);
+        assert_eq!(c.dirty_bytes_at_end, 3 * 4096);
+    }
+
+    #[test]
+    fn lines_dirty_longer_than_the_max_age_are_written_back() {
+        let mut cfg = wb_config(10, 1.0);
+        cfg.writeback.max_age_ns = 1_000_000_000;
+        let reqs = [at(0, write(0)), at(500, write(1)), at(1200, read(9))];
+        let c = run_one(cfg, &reqs);
+        assert_eq!(c.cleaned_bytes, 4096, "only line 0 is older than a second");
+        assert_eq!(c.dirty_bytes_at_end, 4096);
+    }
+
+    #[test]
+    fn a_slow_cleaner_lets_the_dirty_limit_bind() {
+        // 1000 distinct 4 KiB writes, 1 ms apart, into a 100-line cache.
+        let reqs: Vec<Request> = (0..1000).map(|i| at(i, write(i))).collect();
+        let fast = run_one(config("lru", 100, Mode::WriteBack), &reqs);
+        assert_eq!(fast.written_around_refs, 0, "{fast:?}");
+        assert!(fast.peak_dirty_lines <= 50, "{fast:?}");
+        let mut slow = config("lru", 100, Mode::WriteBack);
+        slow.writeback.rate = Some(400 * 1024); // 100 lines a second; 1000 arrive
+        let slow = run_one(slow, &reqs);
+        assert_eq!(slow.peak_dirty_lines, 80, "{slow:?}");
+        assert!(slow.written_around_refs > 500, "{slow:?}");
+        assert!(
+            slow.cleaned_bytes > 0 && slow.cleaned_bytes < fast.cleaned_bytes,
+            "{slow:?}"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 const NIL: u32 = u32::MAX;
 const NO_LIST: u8 = u8::MAX;
 
-pub(super) struct Lists {
+pub(crate) struct Lists {
     /// Towards the oldest end.
     older: Vec<u32>,
     /// Towards the newest end.

@@ -11,11 +11,11 @@ mod clock;
 mod fifo;
 pub(crate) mod ghost;
 mod lirs;
-mod list;
+pub(crate) mod list;
 mod lru;
 mod s3fifo;
 
-use std::collections::HashMap;
+use crate::residency::Residency;
 
 pub use arc::ArcPolicy;
 pub use clock::Clock;
@@ -117,41 +117,61 @@ pub fn by_name(name: &str, slots: u32) -> Option<Box<dyn ReplacementPolicy>> {
 }
 
 /// Replays a stream of line keys against `policy` over a cache of `slots` slots and counts
-/// hits and misses, the way the engine drives a policy: a hit touches, a miss takes a free slot
-/// or the policy's victim (every slot evictable), removes the victim and inserts the key.
-/// The policy must be new (tracking nothing) and built for at least `slots` slots.
+/// hits and misses, with the engine's own map and victim code ([`Residency`]): a hit touches,
+/// a miss takes a free slot or the policy's victim (every line clean). The policy must be new
+/// (tracking nothing) and built for at least `slots` slots.
 pub fn simulate_hits(
     policy: &mut dyn ReplacementPolicy,
     slots: u32,
     keys: impl Iterator<Item = u64>,
 ) -> (u64, u64) {
-    let mut map: HashMap<u64, u32> = HashMap::with_capacity(slots as usize);
-    let mut key_of: Vec<u64> = vec![0; slots as usize];
-    let mut free: Vec<u32> = (0..slots).rev().collect();
+    let mut residency = Residency::new(slots, Box::new(Borrowed(policy)));
     let (mut hits, mut misses) = (0u64, 0u64);
     for key in keys {
-        if let Some(&slot) = map.get(&key) {
+        if let Some(slot) = residency.slot_of(key) {
             hits += 1;
-            policy.touch(slot);
+            residency.touch(slot);
             continue;
         }
         misses += 1;
-        let slot = match free.pop() {
+        let slot = match residency.take_free() {
             Some(s) => s,
             None => {
-                let Some(v) = policy.victim(key, &mut |_| true) else {
+                let Some(v) = residency.victim(key, &mut |_, _| true) else {
                     continue; // no slot at all
                 };
-                map.remove(&key_of[v as usize]);
-                policy.remove(v);
+                residency.vacate(v);
                 v
             }
         };
-        key_of[slot as usize] = key;
-        map.insert(key, slot);
-        policy.insert(slot, key);
+        let placed = residency.occupy(slot, key);
+        debug_assert!(placed);
     }
     (hits, misses)
+}
+
+/// A policy lent to a [`Residency`] for one replay.
+struct Borrowed<'a>(&'a mut dyn ReplacementPolicy);
+
+impl ReplacementPolicy for Borrowed<'_> {
+    fn insert(&mut self, slot: u32, key: u64) {
+        self.0.insert(slot, key)
+    }
+    fn touch(&mut self, slot: u32) {
+        self.0.touch(slot)
+    }
+    fn remove(&mut self, slot: u32) {
+        self.0.remove(slot)
+    }
+    fn victim(&mut self, incoming: u64, evictable: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+        self.0.victim(incoming, evictable)
+    }
+    fn tracked(&self) -> u32 {
+        self.0.tracked()
+    }
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
 }
 
 #[cfg(test)]

@@ -428,8 +428,18 @@ impl Run {
                     ..CleanerConfig::default()
                 };
                 let depth = 1 + rng.below(4) as usize;
+                // The address sweep, or the coldest lines as under dirty pressure.
+                let select = if rng.below(2) == 0 {
+                    Select::All
+                } else {
+                    Select::Coldest
+                };
+                if rng.below(8) == 0 {
+                    // Writes past the limit go around the cache; overwrites stay absorbed.
+                    cache.set_dirty_limit([0.0, 0.25, 0.5, 0.8, 1.0][rng.below(5) as usize]);
+                }
                 let r = with_activity(Activity::Writeback, || {
-                    cache.clean_batch(&cfg, depth, Select::All)
+                    cache.clean_batch(&cfg, depth, select)
                 });
                 self.outcome(r, "writeback batch");
             }

@@ -115,6 +115,7 @@ pub fn config(policy: &str, cache_blocks: u64) -> SimConfig {
         admission: Admission::Always,
         sequential_cutoff: 0,
         mode: Mode::WriteThrough,
+        writeback: Default::default(),
     }
 }
 
