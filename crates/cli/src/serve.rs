@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ssdcache_device::hdd::{HddDevice, HddParams};
 use ssdcache_device::{identity, BlockDevice, FileDevice};
+use ssdcache_devsim::hdd::{HddDevice, HddParams};
 use ssdcache_engine::{Cache, CleanerConfig, EngineError, Volume};
 use ssdcache_format::{Superblock, VolumeSlot};
 use ssdcache_nbd::{
