@@ -16,8 +16,8 @@ use ssdcache_format::{Superblock, VolumeSlot};
 use ssdcache_nbd::{
     transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerError, ServerExport,
 };
-use ssdcache_sim::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
-use ssdcache_sim::trace::Op;
+use ssdcache_trace::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
+use ssdcache_trace::Op;
 
 use crate::config::{FileConfig, SizeValue};
 use crate::control;
