@@ -185,7 +185,7 @@ pub fn run(args: HddEmulatorArgs) -> Result<()> {
         params.queue_depth,
         human(params.write_cache)
     );
-    crate::serve::watch_signals(server.clone())?;
+    crate::signals::watch_signals(server.clone())?;
     server.serve_unix(listener).context("NBD server failed")?;
     server.wait_idle();
     let _ = std::fs::remove_file(&args.socket);

@@ -11,6 +11,7 @@ mod hdd_emulator;
 mod mrc;
 mod report;
 mod serve;
+mod signals;
 #[cfg(feature = "simulator")]
 mod simulate;
 mod size;
