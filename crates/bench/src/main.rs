@@ -13,10 +13,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ssdcache_device::hdd::{HddDevice, HddModel, HddParams};
-use ssdcache_device::{
-    AlignedBuf, BlockDevice, FileDevice, Op, OpenOptions, RecordingDevice, SplitMix64 as Rng,
-};
+use ssdcache_device::{AlignedBuf, BlockDevice, FileDevice, OpenOptions, SplitMix64 as Rng};
+use ssdcache_devsim::hdd::{HddDevice, HddModel, HddParams};
+use ssdcache_devsim::{Op, RecordingDevice};
 use ssdcache_engine::{format, read_superblock, Cache, CleanerConfig, NewVolume};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ssdcache_engine::Cache;
-use ssdcache_sim::record::Recorder;
+use ssdcache_trace::record::Recorder;
 
 use crate::report;
 

@@ -1,12 +1,18 @@
-//! Opening cache and backing devices with the checks and messages users need.
+//! Opening cache and backing devices with the checks and messages users need: every command
+//! that opens one (serve, create, flush, detach, recover, set-mode, info, stats, hdd-emulator)
+//! opens it here, so a backing device is proven to be the recorded one in one place.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use ssdcache_device::{BlockDevice, FileDevice, OpenOptions};
+use ssdcache_device::{identity, BlockDevice, FileDevice, OpenOptions};
 use ssdcache_engine::superblock::{read_superblock_copies, SuperblockRead};
+use ssdcache_format::{Superblock, VolumeSlot};
+
+use crate::size::human;
 
 pub fn open_device(path: &Path, what: &str, write: bool, lock: bool) -> Result<Arc<FileDevice>> {
     check_kind(path, what)?;
@@ -28,6 +34,15 @@ pub fn open_device(path: &Path, what: &str, write: bool, lock: bool) -> Result<A
         );
     }
     Ok(Arc::new(dev))
+}
+
+/// Opens a cache read-write and locked (no daemon or other command may hold it) and reads its
+/// superblock: for the commands that change it.
+pub fn open_cache_device(path: &Path) -> Result<(Arc<FileDevice>, Superblock)> {
+    let dev = open_device(path, "cache", true, true)?;
+    let sb = ssdcache_engine::read_superblock(&*dev)
+        .with_context(|| format!("cannot use cache {}", path.display()))?;
+    Ok((dev, sb))
 }
 
 /// Opens a cache read-only, unlocked (a daemon may hold it), and reads its superblock: for
@@ -101,4 +116,100 @@ pub fn same_device(a: &Path, b: &Path) -> Result<bool> {
     } else {
         (ma.dev(), ma.ino()) == (mb.dev(), mb.ino())
     })
+}
+
+/// A `--backing NAME=PATH` value.
+pub fn parse_backing(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_owned(), PathBuf::from(path)))
+        }
+        _ => Err(format!("{s:?} is not NAME=PATH")),
+    }
+}
+
+/// Opens the backing device of a volume and proves it is the one recorded at create.
+/// `dirty` tells the volume's dirty data in the cache, for the message when the device is
+/// missing or different (asked only then: it reads the cache's metadata).
+pub fn open_backing(
+    slot: &VolumeSlot,
+    overrides: &BTreeMap<String, PathBuf>,
+    dirty: &dyn Fn() -> u64,
+) -> Result<Arc<dyn BlockDevice>> {
+    let at_risk = || {
+        let dirty = dirty();
+        if dirty == 0 {
+            return String::new();
+        }
+        format!(
+            " The cache holds {} of dirty data for this volume that this device does not have: \
+             serving the cache in front of another device would corrupt both. If the device is \
+             lost, write the dirty data onto a copy or replacement with `ssdcache recover \
+             --cache CACHE --backing NEW --force`.",
+            human(dirty)
+        )
+    };
+    let path = overrides
+        .get(&slot.name)
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(&slot.backing.path));
+    let what = format!("backing device of volume '{}'", slot.name);
+    let dev = open_device(&path, &what, true, true).map_err(|e| {
+        let missing = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+        });
+        if missing {
+            anyhow::anyhow!(
+                "{e:#}; if the disk moved, point to it with --backing {}=PATH.{}",
+                slot.name,
+                at_risk()
+            )
+        } else {
+            anyhow::anyhow!("{e:#}{}", at_risk())
+        }
+    })?;
+    let found = identity::probe(&path, dev.size())
+        .with_context(|| format!("cannot identify {}", path.display()))?;
+    if let Some(why) = identity::mismatch(&slot.backing, &found) {
+        let at_risk = at_risk();
+        bail!(
+            "refusing to serve volume '{}': {} is not the backing device this cache was created for ({why}). \
+             Point to the right device with --backing {}=PATH.{}",
+            slot.name,
+            path.display(),
+            slot.name,
+            if !at_risk.is_empty() {
+                at_risk
+            } else {
+                " If the cache really belongs to this device now, re-create it with `ssdcache create --force` \
+                 (the cache holds no dirty data, so nothing is lost)".to_owned()
+            }
+        );
+    }
+    Ok(dev)
+}
+
+/// Opens every volume's backing device (at `overrides`' path where one is given, else the
+/// recorded one) and checks each is the one recorded at create.
+pub fn open_backings(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    overrides: &BTreeMap<String, PathBuf>,
+) -> Result<Vec<Arc<dyn BlockDevice>>> {
+    let dirty = |i: usize| dirty_per_volume(dev, sb).get(i).copied().unwrap_or(0);
+    sb.volumes
+        .iter()
+        .enumerate()
+        .map(|(i, v)| open_backing(v, overrides, &|| dirty(i)))
+        .collect()
+}
+
+/// Dirty bytes of each volume as the cache's metadata records them (journal replayed after
+/// an unclean stop); zero where the metadata cannot be read (opening reports that).
+pub fn dirty_per_volume(dev: &dyn BlockDevice, sb: &Superblock) -> Vec<u64> {
+    match ssdcache_engine::offline_stats(dev, sb) {
+        Ok(vols) => vols.iter().map(|v| v.dirty_bytes).collect(),
+        Err(_) => sb.volumes.iter().map(|v| v.dirty_bytes).collect(),
+    }
 }

@@ -1,13 +1,13 @@
 //! `ssdcache hdd-emulator`: a file served over NBD at the speed of a hard drive (the model in
-//! `ssdcache_device::hdd`), so benchmarks and demos have a slow disk to cache.
+//! `ssdcache_devsim::hdd`), so benchmarks and demos have a slow disk to cache.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ssdcache_device::hdd::{HddDevice, HddParams};
 use ssdcache_device::BlockDevice;
+use ssdcache_devsim::hdd::{HddDevice, HddParams};
 use ssdcache_nbd::{
     transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerExport,
 };
@@ -185,7 +185,7 @@ pub fn run(args: HddEmulatorArgs) -> Result<()> {
         params.queue_depth,
         human(params.write_cache)
     );
-    crate::serve::watch_signals(server.clone())?;
+    crate::signals::watch_signals(server.clone())?;
     server.serve_unix(listener).context("NBD server failed")?;
     server.wait_idle();
     let _ = std::fs::remove_file(&args.socket);

@@ -1,14 +1,18 @@
 //! `ssdcache`: a user-space SSD cache for hard drives, served over NBD.
 
+#[cfg(feature = "simulator")]
 mod advise;
 mod config;
 mod control;
 mod create;
 mod devices;
 mod hdd_emulator;
+#[cfg(feature = "simulator")]
 mod mrc;
 mod report;
 mod serve;
+mod signals;
+#[cfg(feature = "simulator")]
 mod simulate;
 mod size;
 mod tuning;
@@ -75,6 +79,9 @@ impl ModeArg {
 }
 
 #[derive(Subcommand)]
+// One command is parsed once per run: its size does not matter. (Without the simulator's
+// commands, `serve`'s arguments are the one large variant left.)
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Format a cache device for a backing device (writes nothing to the backing device)
     #[command(
@@ -201,6 +208,7 @@ Examples:\n  ssdcache simulate --trace web.trace.zst --policy lru,s3fifo --cache
 ssdcache simulate --trace sdb.trace --mode write-back --admission always,2-hit --csv > out.csv\n  \
 ssdcache simulate --trace P6.lis.zst --plot p6.svg"
     )]
+    #[cfg(feature = "simulator")]
     Simulate(simulate::SimulateArgs),
     /// Size an SSD cache for a workload: the size for a target hit ratio, SSD wear and cost
     #[command(
@@ -221,8 +229,10 @@ including the busy hours. A recorded trace sampled with --record-sample is scale
 disk; see docs/simulator.md.\n\n\
 Example:\n  ssdcache advise --trace /var/tmp/sdb.trace --target-hit-ratio 0.9 --capacity 8TB --ssd-tbw 600"
     )]
+    #[cfg(feature = "simulator")]
     Advise(advise::AdviseArgs),
     /// The LRU miss-ratio curve of a trace over cache sizes: exact, or SHARDS with its error
+    #[cfg(feature = "simulator")]
     #[command(long_about = mrc::LONG_ABOUT)]
     Mrc(mrc::MrcArgs),
 }
@@ -252,8 +262,11 @@ fn main() -> ExitCode {
         Command::Detach(a) => writeback::detach(a),
         Command::Recover(a) => writeback::recover(a),
         Command::SetMode(a) => writeback::set_mode(a),
+        #[cfg(feature = "simulator")]
         Command::Simulate(a) => simulate::run(a),
+        #[cfg(feature = "simulator")]
         Command::Advise(a) => advise::run(a),
+        #[cfg(feature = "simulator")]
         Command::Mrc(a) => mrc::run(a),
     };
     match result {

@@ -8,7 +8,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use ssdcache_engine::{Cache, VolumeStats};
 use ssdcache_format::{CacheState, Superblock, VolumeCounters};
-use ssdcache_sim::record::RecordStatus;
+use ssdcache_trace::record::RecordStatus;
 
 use crate::control;
 use crate::devices::read_cache;

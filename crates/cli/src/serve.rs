@@ -9,19 +9,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ssdcache_device::hdd::{HddDevice, HddParams};
-use ssdcache_device::{identity, BlockDevice, FileDevice};
+use ssdcache_device::{BlockDevice, FileDevice};
+use ssdcache_devsim::hdd::{HddDevice, HddParams};
 use ssdcache_engine::{Cache, CleanerConfig, EngineError, Volume};
-use ssdcache_format::{Superblock, VolumeSlot};
+use ssdcache_format::Superblock;
 use ssdcache_nbd::{
     transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerError, ServerExport,
 };
-use ssdcache_sim::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
-use ssdcache_sim::trace::Op;
+use ssdcache_trace::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
+use ssdcache_trace::Op;
 
 use crate::config::{FileConfig, SizeValue};
 use crate::control;
-use crate::devices::open_device;
+use crate::devices::{open_backings, open_cache_device, parse_backing};
+use crate::signals::StopEvents;
 use crate::size::{human, parse_size};
 use crate::tuning::CacheTuning;
 use crate::usage::usage_error;
@@ -133,15 +134,6 @@ pub struct ServeArgs {
     /// committed and the next start replays it) [default: 30]
     #[arg(long, value_name = "SECONDS", help_heading = "Limits")]
     shutdown_timeout: Option<u64>,
-}
-
-pub(crate) fn parse_backing(s: &str) -> Result<(String, PathBuf), String> {
-    match s.split_once('=') {
-        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
-            Ok((name.to_owned(), PathBuf::from(path)))
-        }
-        _ => Err(format!("{s:?} is not NAME=PATH")),
-    }
 }
 
 struct Settings {
@@ -369,68 +361,6 @@ fn record_settings(args: &ServeArgs, file: &FileConfig) -> Result<Option<(PathBu
     Ok(Some((path, config)))
 }
 
-/// Opens the backing device of a volume and proves it is the one recorded at create.
-/// `dirty` tells the volume's dirty data in the cache, for the message when the device is
-/// missing or different (asked only then: it reads the cache's metadata).
-pub(crate) fn open_backing(
-    slot: &VolumeSlot,
-    overrides: &BTreeMap<String, PathBuf>,
-    dirty: &dyn Fn() -> u64,
-) -> Result<Arc<dyn BlockDevice>> {
-    let at_risk = || {
-        let dirty = dirty();
-        if dirty == 0 {
-            return String::new();
-        }
-        format!(
-            " The cache holds {} of dirty data for this volume that this device does not have: \
-             serving the cache in front of another device would corrupt both. If the device is \
-             lost, write the dirty data onto a copy or replacement with `ssdcache recover \
-             --cache CACHE --backing NEW --force`.",
-            human(dirty)
-        )
-    };
-    let path = overrides
-        .get(&slot.name)
-        .cloned()
-        .unwrap_or_else(|| PathBuf::from(&slot.backing.path));
-    let what = format!("backing device of volume '{}'", slot.name);
-    let dev = open_device(&path, &what, true, true).map_err(|e| {
-        let missing = e.chain().any(|c| {
-            c.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
-        });
-        if missing {
-            anyhow::anyhow!(
-                "{e:#}; if the disk moved, point to it with --backing {}=PATH.{}",
-                slot.name,
-                at_risk()
-            )
-        } else {
-            anyhow::anyhow!("{e:#}{}", at_risk())
-        }
-    })?;
-    let found = identity::probe(&path, dev.size())
-        .with_context(|| format!("cannot identify {}", path.display()))?;
-    if let Some(why) = identity::mismatch(&slot.backing, &found) {
-        let at_risk = at_risk();
-        bail!(
-            "refusing to serve volume '{}': {} is not the backing device this cache was created for ({why}). \
-             Point to the right device with --backing {}=PATH.{}",
-            slot.name,
-            path.display(),
-            slot.name,
-            if !at_risk.is_empty() {
-                at_risk
-            } else {
-                " If the cache really belongs to this device now, re-create it with `ssdcache create --force` \
-                 (the cache holds no dirty data, so nothing is lost)".to_owned()
-            }
-        );
-    }
-    Ok(dev)
-}
-
 fn with_hdd_model(dev: Arc<dyn BlockDevice>, emulate: bool) -> Arc<dyn BlockDevice> {
     if !emulate {
         return dev;
@@ -535,9 +465,7 @@ fn exports(cache: &Cache, read_only: bool, recorder: Option<&Recorder>) -> Vec<S
 /// The cache device and its superblock with the config file's settings applied, read without
 /// changing anything; the volume names given with `--backing` are checked here.
 fn read_cache(s: &Settings) -> Result<(Arc<FileDevice>, Superblock)> {
-    let dev = open_device(&s.cache, "cache", true, true)?;
-    let mut sb = ssdcache_engine::read_superblock(&*dev)
-        .with_context(|| format!("cannot use cache {}", s.cache.display()))?;
+    let (dev, mut sb) = open_cache_device(&s.cache)?;
     // Cache::open writes the superblock, which makes these settings persistent.
     for change in s.tuning.apply(&mut sb).map_err(crate::as_usage_error)? {
         tracing::info!("config file: {change}");
@@ -563,19 +491,17 @@ fn check_backing_names(backing: &BTreeMap<String, PathBuf>, sb: &Superblock) -> 
     )))
 }
 
-/// Opens every volume's backing device and checks it is the one recorded at create.
-fn open_backings(
+/// Opens every volume's backing device, checked as every command checks it, behind the HDD
+/// model when `--emulate-hdd` asks for it.
+fn open_backings_to_serve(
     s: &Settings,
     dev: &dyn BlockDevice,
     sb: &Superblock,
 ) -> Result<Vec<Arc<dyn BlockDevice>>> {
-    let dirty = |i: usize| dirty_per_volume(dev, sb).get(i).copied().unwrap_or(0);
-    sb.volumes
-        .iter()
-        .enumerate()
-        .map(|(i, v)| open_backing(v, &s.backing, &|| dirty(i)))
-        .map(|dev| dev.map(|d| with_hdd_model(d, s.emulate_hdd)))
-        .collect()
+    Ok(open_backings(dev, sb, &s.backing)?
+        .into_iter()
+        .map(|d| with_hdd_model(d, s.emulate_hdd))
+        .collect())
 }
 
 /// Opens the cache: from here on it is marked running until `Cache::shutdown`.
@@ -612,15 +538,6 @@ fn open_cache(
     Ok(Arc::new(cache))
 }
 
-/// Dirty bytes of each volume as the cache's metadata records them (journal replayed after
-/// an unclean stop); zero where the metadata cannot be read (opening reports that).
-pub(crate) fn dirty_per_volume(dev: &dyn BlockDevice, sb: &Superblock) -> Vec<u64> {
-    match ssdcache_engine::offline_stats(dev, sb) {
-        Ok(vols) => vols.iter().map(|v| v.dirty_bytes).collect(),
-        Err(_) => sb.volumes.iter().map(|v| v.dirty_bytes).collect(),
-    }
-}
-
 pub fn run(args: ServeArgs) -> Result<()> {
     let s = settings(args).map_err(crate::as_usage_error)?;
     return_freed_buffers_to_the_system();
@@ -654,7 +571,7 @@ fn serve(s: &Settings, stops: &StopEvents, recorder: Option<Arc<Recorder>>) -> R
         control,
         files: _socket_files,
     } = Endpoints::bind(s, &sb)?;
-    let backings = open_backings(s, &*dev, &sb)?;
+    let backings = open_backings_to_serve(s, &*dev, &sb)?;
     let cache = open_cache(s, dev, sb, backings)?;
     let server = match Server::new(
         exports(&cache, s.read_only, recorder.as_deref()),
@@ -1085,74 +1002,5 @@ fn watch_halt(cache: Arc<Cache>, stop: mpsc::Sender<String>) -> Result<()> {
             std::thread::sleep(std::time::Duration::from_millis(100));
         })
         .context("cannot start the halt watcher's thread")?;
-    Ok(())
-}
-
-/// What stops the daemon: SIGTERM, SIGINT, or a listener that failed, as messages for the
-/// log. Signals are caught from `install` on.
-struct StopEvents {
-    events: mpsc::Receiver<String>,
-    sender: mpsc::Sender<String>,
-}
-
-impl StopEvents {
-    fn install() -> Result<StopEvents> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
-            .context("cannot install signal handlers")?;
-        let (sender, events) = mpsc::channel();
-        let forward = sender.clone();
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                for signal in signals.forever() {
-                    let name = match signal {
-                        SIGTERM => "SIGTERM".to_owned(),
-                        SIGINT => "SIGINT".to_owned(),
-                        other => format!("signal {other}"),
-                    };
-                    if forward.send(name).is_err() {
-                        return;
-                    }
-                }
-            })
-            .context("cannot start the signal thread")?;
-        Ok(StopEvents { events, sender })
-    }
-
-    fn sender(&self) -> mpsc::Sender<String> {
-        self.sender.clone()
-    }
-
-    /// Blocks until the first reason to stop.
-    fn wait(&self) -> String {
-        // Err cannot happen while `self.sender` lives; stopping is the safe answer anyway.
-        self.events
-            .recv()
-            .unwrap_or_else(|_| "the signal thread ending".to_owned())
-    }
-
-    fn try_next(&self) -> Option<String> {
-        self.events.try_recv().ok()
-    }
-}
-
-/// For a server without a cache (`hdd-emulator`): the first SIGTERM or SIGINT starts a
-/// graceful stop, a second closes every connection at once.
-pub fn watch_signals(server: Arc<Server>) -> Result<()> {
-    let stops = StopEvents::install()?;
-    std::thread::Builder::new()
-        .name("stop".into())
-        .spawn(move || {
-            let why = stops.wait();
-            tracing::info!(
-                "{why}: stopping (in-flight requests finish first; a second signal does not wait)"
-            );
-            server.shutdown();
-            let why = stops.wait();
-            tracing::info!("{why} again: closing every connection now");
-            server.force_close();
-        })
-        .context("cannot start the signal thread")?;
     Ok(())
 }

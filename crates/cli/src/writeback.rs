@@ -15,7 +15,9 @@ use ssdcache_engine::{Cache, CleanerConfig, OpenReport};
 use ssdcache_format::{CacheMode, Superblock};
 
 use crate::control;
-use crate::devices::{open_device, read_cache};
+use crate::devices::{
+    open_backing, open_backings, open_cache_device, open_device, parse_backing, read_cache,
+};
 use crate::size::human;
 use crate::ModeArg;
 
@@ -29,7 +31,7 @@ pub struct FlushArgs {
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Where a volume's backing device is now, when flushing offline (repeatable)
-    #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
+    #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
     backing: Vec<(String, PathBuf)>,
     /// Give up dirty data that fails its checksum or cannot be read back from the cache
     /// device (the cache lost or damaged it; without this flag nothing is written back while
@@ -45,7 +47,7 @@ pub struct DetachArgs {
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
     /// Where a volume's backing device is now, if it moved (repeatable)
-    #[arg(long, value_name = "NAME=PATH", value_parser = crate::serve::parse_backing)]
+    #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
     backing: Vec<(String, PathBuf)>,
     /// Give up dirty data that fails its checksum or cannot be read back from the cache
     /// device (the cache lost or damaged it; without this flag nothing is written back while
@@ -247,23 +249,10 @@ fn open_offline(
     cache_path: &Path,
     overrides: &[(String, PathBuf)],
 ) -> Result<(Arc<Cache>, OpenReport)> {
-    let dev = open_device(cache_path, "cache", true, true)?;
-    let sb = ssdcache_engine::read_superblock(&*dev)
-        .with_context(|| format!("cannot use cache {}", cache_path.display()))?;
+    let (dev, sb) = open_cache_device(cache_path)?;
     check_backing_names(&sb, overrides)?;
     let overrides = overrides.iter().cloned().collect();
-    let dirty = |i: usize| {
-        crate::serve::dirty_per_volume(&*dev, &sb)
-            .get(i)
-            .copied()
-            .unwrap_or(0)
-    };
-    let backings = sb
-        .volumes
-        .iter()
-        .enumerate()
-        .map(|(i, v)| crate::serve::open_backing(v, &overrides, &|| dirty(i)))
-        .collect::<Result<Vec<_>>>()?;
+    let backings = open_backings(&*dev, &sb, &overrides)?;
     let (cache, report) = Cache::open(dev, sb, backings)
         .with_context(|| format!("cannot open cache {}", cache_path.display()))?;
     Ok((Arc::new(cache), report))
@@ -435,16 +424,12 @@ pub fn detach(args: DetachArgs) -> Result<()> {
 }
 
 pub fn recover(args: RecoverArgs) -> Result<()> {
-    let dev = open_device(&args.cache, "cache", true, true)?;
-    let sb = ssdcache_engine::read_superblock(&*dev)
-        .with_context(|| format!("cannot use cache {}", args.cache.display()))?;
+    let (dev, sb) = open_cache_device(&args.cache)?;
     let target = volume_index(&sb, args.volume.as_deref())?;
     let mut backings = Vec::new();
     for (i, v) in sb.volumes.iter().enumerate() {
         if i != target {
-            backings.push(crate::serve::open_backing(v, &Default::default(), &|| {
-                v.dirty_bytes
-            })?);
+            backings.push(open_backing(v, &Default::default(), &|| v.dirty_bytes)?);
             continue;
         }
         let b = open_device(&args.backing, "backing device", true, true)?;

@@ -1,22 +1,15 @@
 //! Every byte ssdcache reads or writes goes through [`BlockDevice`], so tests can put memory,
-//! fault-injecting or crash-simulating devices where real files and disks would be.
+//! fault-injecting or crash-simulating devices (crate `ssdcache-devsim`) where real files and
+//! disks would be. This crate is the production side only: files and block devices
+//! ([`FileDevice`], O_DIRECT), aligned buffers and the backing device's identity.
 
 mod aligned;
-mod crash;
 mod file;
-mod gate;
-pub mod hdd;
 pub mod identity;
-mod memory;
-mod recording;
 mod rng;
 
 pub use aligned::AlignedBuf;
-pub use crash::{CrashClock, CrashDevice, CrashState, Keep, OpKind, OpRecord};
 pub use file::{FileDevice, OpenOptions};
-pub use gate::{GateDevice, GATE_LIMIT};
-pub use memory::MemDevice;
-pub use recording::{Op, RecordingDevice, SharedOpLog};
 pub use rng::SplitMix64;
 
 use std::io;

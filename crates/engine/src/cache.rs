@@ -885,7 +885,7 @@ fn flush_before_reading(dev: &dyn BlockDevice, backings: &[Arc<dyn BlockDevice>]
 mod tests {
     use super::*;
     use crate::superblock::read_superblock;
-    use ssdcache_device::MemDevice;
+    use ssdcache_devsim::MemDevice;
     use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 
     fn write_back_cache() -> (Arc<MemDevice>, Cache) {

@@ -320,7 +320,7 @@ pub(crate) fn flush_cache(dev: &dyn BlockDevice) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ssdcache_device::{CrashDevice, MemDevice};
+    use ssdcache_devsim::{CrashDevice, MemDevice};
 
     struct CountingFlushes {
         inner: MemDevice,

@@ -367,7 +367,7 @@ fn block_magic(dev: &dyn BlockDevice, offset: u64) -> Option<u32> {
 mod tests {
     use std::sync::Arc;
 
-    use ssdcache_device::{MemDevice, Op, RecordingDevice};
+    use ssdcache_devsim::{MemDevice, Op, RecordingDevice};
     use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 
     use super::*;

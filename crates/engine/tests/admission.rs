@@ -7,7 +7,8 @@ use std::sync::Arc;
 mod common;
 
 use common::{counter, format_dev, open_dyn, MIB};
-use ssdcache_device::{BlockDevice, MemDevice, Op, RecordingDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::{MemDevice, Op, RecordingDevice};
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{read_superblock, write_superblock, Cache, EngineError};
 use ssdcache_format::CacheMode;

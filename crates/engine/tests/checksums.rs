@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::CrashDevice;
 use ssdcache_engine::{Cache, CleanerConfig, EngineError, Select};
 use ssdcache_format::CacheMode;
 

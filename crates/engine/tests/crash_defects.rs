@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::identity;
-use ssdcache_device::{BlockDevice, CrashDevice, GateDevice, Keep};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::{CrashDevice, GateDevice, Keep};
 use ssdcache_engine::{
     format, format_with_journal, read_superblock, Cache, CleanerConfig, NewVolume, Volume,
 };

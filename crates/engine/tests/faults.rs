@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::{counter, data, format_mem, setup_crash, MIB};
-use ssdcache_device::{BlockDevice, CrashDevice, MemDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::{CrashDevice, MemDevice};
 use ssdcache_engine::{
     read_superblock, Cache, CleanerConfig, Select, VolumeState, CACHE_ERROR_LIMIT,
 };

@@ -8,7 +8,7 @@ mod common;
 
 use common::setup;
 use proptest::prelude::*;
-use ssdcache_device::MemDevice;
+use ssdcache_devsim::MemDevice;
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{Cache, CleanerConfig, Select};
 use ssdcache_format::CacheMode;

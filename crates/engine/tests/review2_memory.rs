@@ -7,7 +7,8 @@ mod common;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use ssdcache_device::{BlockDevice, MemDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::MemDevice;
 use ssdcache_format::CacheMode;
 
 const LINE: u64 = 64 << 10;

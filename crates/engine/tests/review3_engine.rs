@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{data, open_dyn};
-use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::CrashDevice;
 use ssdcache_format::CacheMode;
 
 const LINE: u64 = 64 << 10;
@@ -121,7 +122,7 @@ fn r3_3_a_failed_write_never_lands_in_the_crash_model() {
     dev.fail_writes(false);
     let mut buf = vec![0u8; SECTOR as usize];
     dev.read_at(&mut buf, 0).unwrap();
-    let everything = dev.crashed_keeping("cut", ssdcache_device::Keep::Everything);
+    let everything = dev.crashed_keeping("cut", ssdcache_devsim::Keep::Everything);
     let mut after_cut = vec![0u8; SECTOR as usize];
     everything.read_at(&mut after_cut, 0).unwrap();
     assert!(

@@ -6,7 +6,8 @@
 mod common;
 
 use common::data;
-use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::CrashDevice;
 use ssdcache_engine::CleanerConfig;
 
 const LINE: u64 = 64 << 10;

@@ -8,7 +8,8 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use common::{data, format_dev, open_dyn};
-use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::CrashDevice;
 use ssdcache_engine::{read_superblock, Cache};
 use ssdcache_format::CacheMode;
 

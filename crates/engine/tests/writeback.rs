@@ -9,7 +9,8 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::{counter, data, format_dev, open_dyn, Rng, MIB};
-use ssdcache_device::{BlockDevice, CrashDevice, MemDevice, Op, RecordingDevice, SharedOpLog};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::{CrashDevice, MemDevice, Op, RecordingDevice, SharedOpLog};
 use ssdcache_engine::{Cache, CleanerConfig, Select, VolumeState};
 use ssdcache_format::CacheMode;
 

@@ -25,8 +25,8 @@ use shared_traces::{traces_dir, SHARED_TRACES, TRACES_VAR};
 use ssdcache_sim::mrc::{
     evenly_spaced_sizes, mean_absolute_error, Correction, CurvePoint, ExactMrc, Sampling, ShardsMrc,
 };
-use ssdcache_sim::record::{volume_hash, Sampler};
 use ssdcache_sim::trace::{self, block_keys, Format, Request};
+use ssdcache_trace::record::{volume_hash, Sampler};
 use std::collections::HashSet;
 use std::error::Error;
 use std::path::Path;

@@ -6,6 +6,5 @@
 pub mod advise;
 pub mod mrc;
 pub mod plot;
-pub mod record;
 pub mod simulate;
 pub mod trace;

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use ssdcache_device::{BlockDevice, CrashDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::CrashDevice;
 use ssdcache_engine::{Cache, CleanerConfig};
 
 const SECTOR: usize = 4096;

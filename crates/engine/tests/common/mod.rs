@@ -6,7 +6,8 @@ pub mod failing;
 
 use std::sync::Arc;
 
-use ssdcache_device::{BlockDevice, CrashDevice, MemDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::{CrashDevice, MemDevice};
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{format, read_superblock, Cache, NewVolume};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
@@ -136,12 +137,12 @@ pub fn setup_crash(
     line_size: u64,
     mode: CacheMode,
 ) -> (
-    Arc<ssdcache_device::CrashDevice>,
-    Arc<ssdcache_device::CrashDevice>,
+    Arc<ssdcache_devsim::CrashDevice>,
+    Arc<ssdcache_devsim::CrashDevice>,
     Cache,
 ) {
-    let cache_dev = Arc::new(ssdcache_device::CrashDevice::new("cache", cache_size));
-    let backing = Arc::new(ssdcache_device::CrashDevice::new("backing", backing_size));
+    let cache_dev = Arc::new(ssdcache_devsim::CrashDevice::new("cache", cache_size));
+    let backing = Arc::new(ssdcache_devsim::CrashDevice::new("backing", backing_size));
     format_dev(&*cache_dev, line_size, mode, backing_size, 0);
     let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
     (cache_dev, backing, cache)

@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ssdcache_device::{BlockDevice, CrashClock, CrashDevice, CrashState, Keep, SplitMix64 as Rng};
+use ssdcache_device::{BlockDevice, SplitMix64 as Rng};
+use ssdcache_devsim::{CrashClock, CrashDevice, CrashState, Keep};
 use ssdcache_engine::{Cache, CleanerConfig};
 
 use super::contract::Contract;
@@ -112,7 +113,7 @@ fn check_point(
     way: u64,
     sectors: &[u64],
     classified: &Classified,
-    log: &[ssdcache_device::OpRecord],
+    log: &[ssdcache_devsim::OpRecord],
     stats: &Stats,
 ) {
     let seed = run.plan.seed;
@@ -225,7 +226,7 @@ fn assert_flip_free(
     across: &str,
     at: &dyn Fn() -> String,
     run: &Run,
-    log: &[ssdcache_device::OpRecord],
+    log: &[ssdcache_devsim::OpRecord],
     op: u64,
 ) {
     for (&sector, &tag) in first {

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ssdcache_device::{OpKind, OpRecord};
+use ssdcache_devsim::{OpKind, OpRecord};
 use ssdcache_format::layout::SUPERBLOCK_COPY_SIZE;
 use ssdcache_format::Layout;
 

@@ -10,8 +10,8 @@
 //! runs 2-4 threads under shuttle's randomized scheduler (the engine built with its `shuttle`
 //! feature), every device call a scheduling point, so a seed replays the same interleaving.
 //!
-//! [`CrashDevice`]: ssdcache_device::CrashDevice
-//! [`CrashClock`]: ssdcache_device::CrashClock
+//! [`CrashDevice`]: ssdcache_devsim::CrashDevice
+//! [`CrashClock`]: ssdcache_devsim::CrashClock
 
 #![allow(dead_code)] // each target uses a different part
 

@@ -5,7 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ssdcache_device::{BlockDevice, CrashClock, CrashDevice, SplitMix64 as Rng};
+use ssdcache_device::{BlockDevice, SplitMix64 as Rng};
+use ssdcache_devsim::{CrashClock, CrashDevice};
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{
     format_with_journal, read_superblock, Cache, CleanerConfig, NewVolume, Select,
@@ -223,7 +224,7 @@ impl Run {
 
     /// With `SSDCACHE_CRASH_TRACE` set: the events of `sector`, every FLUSH, and every device
     /// op up to `until`, for finding out why a check failed.
-    pub fn trace(&self, log: &[ssdcache_device::OpRecord], sector: u64, until: u64) -> String {
+    pub fn trace(&self, log: &[ssdcache_devsim::OpRecord], sector: u64, until: u64) -> String {
         if std::env::var_os("SSDCACHE_CRASH_TRACE").is_none() {
             return "(set SSDCACHE_CRASH_TRACE=1 for the history)".into();
         }

@@ -117,12 +117,8 @@ pub use input::Compression;
 
 use input::{ErrorContext, Source};
 
-/// What a request does to the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Op {
-    Read,
-    Write,
-}
+/// What a request does to the device (shared with the recorder, `ssdcache-trace`).
+pub use ssdcache_trace::Op;
 
 /// One block request of a trace, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::BlockDevice;
+use ssdcache_device::BlockDevice;
 
 /// One call made on a [`RecordingDevice`], with its arguments (lengths in bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::{BlockDevice, SplitMix64, ALIGN};
+use ssdcache_device::{BlockDevice, SplitMix64, ALIGN};
 
 /// A memory device whose writes become durable only at [`flush`](BlockDevice::flush), with
 /// switches that make reads, writes or flushes fail.

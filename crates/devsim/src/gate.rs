@@ -6,7 +6,7 @@ use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::BlockDevice;
+use ssdcache_device::BlockDevice;
 
 /// How long a held write waits for its release before it fails with `TimedOut`: a test that
 /// forgets to release (or fails before it does) ends instead of hanging.

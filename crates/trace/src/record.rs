@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::trace::Op;
+use crate::Op;
 
 /// The first line of every ssdcache trace.
 pub const MAGIC_LINE: &str = "# ssdcache-trace v1";

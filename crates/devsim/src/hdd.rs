@@ -21,7 +21,7 @@ use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::BlockDevice;
+use ssdcache_device::BlockDevice;
 
 /// Parameters of the model; `Default` is a 7200 rpm 3.5" drive.
 #[derive(Debug, Clone, Copy, PartialEq)]

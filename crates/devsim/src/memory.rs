@@ -4,7 +4,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::RwLock;
 
-use crate::BlockDevice;
+use ssdcache_device::BlockDevice;
 
 pub struct MemDevice {
     data: RwLock<Vec<u8>>,
