@@ -5,7 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{data, format_dev, open_dyn, MIB};
-use ssdcache_device::{BlockDevice, MemDevice, Op, RecordingDevice};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::{MemDevice, Op, RecordingDevice};
 use ssdcache_format::CacheMode;
 
 const SECTOR: u64 = 4096;
