@@ -11,7 +11,9 @@ use ssdcache_format::{
 };
 
 use crate::admission::Admission;
-use crate::commit::{self, flush_cache, Backing, CommitKind, CommitPurpose, Journal, JournalState};
+use crate::commit::{
+    self, flush_cache, Backing, CommitKind, CommitPurpose, CommitRequests, Journal, JournalState,
+};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
@@ -34,6 +36,8 @@ pub(crate) struct CacheCore {
     pub sb: Mutex<Superblock>,
     /// The journal and its commit state (the commit protocol, `commit.rs`).
     pub journal: Journal,
+    /// Commits asked of the background committer (`commit.rs`).
+    pub commit_requests: CommitRequests,
     /// Backing devices by volume index, each counting its writes against its flushes.
     pub backings: Vec<Arc<Backing>>,
     /// The cache's clock: dirty ages and idle detection count from here.
@@ -575,6 +579,7 @@ impl Cache {
             locks: LineLocks::new(),
             sb: Mutex::new(sb),
             journal: Journal::new(pos),
+            commit_requests: CommitRequests::new(),
             backings: backings
                 .iter()
                 .cloned()

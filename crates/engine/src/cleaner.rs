@@ -84,6 +84,8 @@ pub(crate) struct CleanerState {
     draining: AtomicBool,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The background committer (`CommitRequests`), started and stopped with the cleaner.
+    committer: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Which dirty lines a batch takes.
@@ -506,7 +508,7 @@ impl Cache {
         Ok(ranges)
     }
 
-    /// Starts the background cleaner thread (once).
+    /// Starts the background cleaner thread and the background committer (once).
     pub fn start_cleaner(self: &Arc<Self>, cfg: CleanerConfig) {
         let mut slot = self
             .cleaner
@@ -519,18 +521,49 @@ impl Cache {
         self.cleaner.stop.store(false, Ordering::Release);
         let cache = Arc::clone(self);
         *slot = Some(thread::spawn(move || cache.cleaner_loop(&cfg)));
+        self.core().commit_requests.set_running(true);
+        let cache = Arc::clone(self);
+        *self
+            .cleaner
+            .committer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            Some(thread::spawn(move || cache.committer_loop()));
     }
 
-    /// Stops the cleaner thread and waits for its batch to finish.
+    /// Commits when a writer asks (its changes filled a batch) and every second while changes
+    /// wait, until stopped. A failed commit is logged; the changes stay queued for the next.
+    fn committer_loop(&self) {
+        let requests = &self.core().commit_requests;
+        while !requests.stopping() {
+            requests.wait(Duration::from_secs(1));
+            if requests.stopping() || self.core().map().changes_pending() == 0 {
+                continue;
+            }
+            if let Err(e) = self.core().commit(CommitPurpose::Writeback) {
+                tracing::warn!("background metadata commit failed, retrying in 1 s: {e}");
+                if self.core().check_running().is_err() {
+                    return;
+                }
+                // Writers keep asking while their changes wait: pace the retries.
+                for _ in 0..10 {
+                    if requests.stopping() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Stops the cleaner thread and the committer and waits for them to finish (the
+    /// cleaner's batch, the committer's commit).
     pub fn stop_cleaner(&self) {
         self.cleaner.stop.store(true, Ordering::Release);
-        let handle = self
-            .cleaner
-            .thread
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(h) = handle {
+        self.core().commit_requests.set_running(false);
+        let handles = [&self.cleaner.thread, &self.cleaner.committer]
+            .map(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+        for h in handles.into_iter().flatten() {
             let _ = h.join();
         }
     }
@@ -549,7 +582,6 @@ impl Cache {
         let mut above_high = false;
         let mut oldest: Option<u32> = None;
         let mut oldest_checked = Instant::now() - Duration::from_secs(10);
-        let mut last_commit = Instant::now();
         while !self.cleaner.stop.load(Ordering::Acquire) {
             let dirty = self.dirty_lines();
             let share = dirty as f64 / line_count;
@@ -566,15 +598,7 @@ impl Cache {
                 self.request_drain(false);
             }
             if dirty == 0 || !(draining || above_high || aged) {
-                if last_commit.elapsed() >= Duration::from_secs(1)
-                    && self.core().map().changes_pending() > 0
-                {
-                    // Bounds how much a crash can lose when clients never flush.
-                    if let Err(e) = self.core().commit(CommitPurpose::Writeback) {
-                        tracing::warn!("periodic metadata commit failed: {e}");
-                    }
-                    last_commit = Instant::now();
-                }
+                // (The committer commits every second meanwhile.)
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
@@ -604,7 +628,6 @@ impl Cache {
             };
             match self.clean_batch_paced(cfg, depth, select, batch, pause) {
                 Ok(r) => {
-                    last_commit = Instant::now();
                     if r.lines_cleaned == 0 {
                         if aged && !draining && !above_high {
                             oldest_checked = Instant::now() - Duration::from_secs(10);

@@ -21,7 +21,7 @@ use ssdcache_format::{Layout, LineRecord};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 /// A backing device whose writes are counted against its flushes.
 pub(crate) struct Backing {
@@ -101,6 +101,68 @@ impl Backing {
 
     pub fn flush_failed(&self) -> bool {
         self.flush_failed.load(Ordering::SeqCst)
+    }
+}
+
+/// Commits asked of the background committer. A client write whose changes fill a batch
+/// (`Volume`'s `COMMIT_BATCH`) asks for a commit and returns: it never runs one itself while a
+/// committer runs, so no client write waits for a commit's device flushes (least of all
+/// holding its lines). The committer also commits every second while changes wait, bounding
+/// what a crash can lose when clients never flush.
+pub(crate) struct CommitRequests {
+    asked: Mutex<bool>,
+    wake: Condvar,
+    /// A committer thread is running; without one (tests, offline tools) writers commit
+    /// themselves, after releasing their lines.
+    running: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl CommitRequests {
+    pub fn new() -> CommitRequests {
+        CommitRequests {
+            asked: Mutex::new(false),
+            wake: Condvar::new(),
+            running: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// Asks the committer for a commit; false when none runs (the caller commits itself).
+    pub fn ask(&self) -> bool {
+        if !self.running.load(Ordering::Acquire) {
+            return false;
+        }
+        *self.asked.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.wake.notify_one();
+        true
+    }
+
+    /// The committer's wait: until asked, stopped or `most` passed. Returns whether it was
+    /// asked.
+    pub fn wait(&self, most: std::time::Duration) -> bool {
+        let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut asked, _) = self
+            .wake
+            .wait_timeout_while(asked, most, |asked| {
+                !*asked && !self.stop.load(Ordering::Acquire)
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *asked)
+    }
+
+    /// Marks a committer as running (`true`) or asks it to stop and marks it gone (`false`).
+    pub fn set_running(&self, on: bool) {
+        self.stop.store(!on, Ordering::Release);
+        self.running.store(on, Ordering::Release);
+        if !on {
+            let _asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            self.wake.notify_all();
+        }
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
     }
 }
 

@@ -959,9 +959,10 @@ impl Volume {
                 self.write_back(offset, data)?;
                 drop(held);
                 if fua {
-                    self.commit()?;
+                    self.commit()
+                } else {
+                    self.commit_if_batch_full()
                 }
-                Ok(())
             }
             _ => {
                 self.write_around(offset, data, fua)?;
@@ -1067,11 +1068,17 @@ impl Volume {
         if hit {
             self.count(Counter::WriteHits, 1);
         }
-        if self.core.map().changes_pending() >= COMMIT_BATCH {
-            // Bounds the records waiting for a commit (and the journal work of the next one).
-            self.commit()?;
-        }
         Ok(())
+    }
+
+    /// After a write-back write, its lines released: when the changes waiting for a commit fill
+    /// a batch, asks the background committer for one (bounding the records a commit writes and
+    /// what a crash can lose), or commits here when no committer runs (tests, offline tools).
+    fn commit_if_batch_full(&self) -> Result<()> {
+        if self.core.map().changes_pending() < COMMIT_BATCH || self.core.commit_requests.ask() {
+            return Ok(());
+        }
+        self.commit()
     }
 
     /// Writes one segment into its cache line, marked dirty. Returns whether the line was

@@ -84,3 +84,104 @@ fn a_stream_past_the_cutoff_reads_only_dirty_sectors_from_the_cache() {
         "the stream went past the cutoff"
     );
 }
+
+/// A cache device whose flushes wait while `hold` is set (at most 30 s).
+struct SlowFlush {
+    inner: MemDevice,
+    hold: std::sync::atomic::AtomicBool,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl BlockDevice for SlowFlush {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.hold.load(SeqCst) {
+            self.waiting.fetch_add(1, SeqCst);
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while self.hold.load(SeqCst) && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            self.waiting.fetch_sub(1, SeqCst);
+        }
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+    fn describe(&self) -> String {
+        "slow-flush cache".into()
+    }
+}
+
+/// A write-back writer whose changes fill a commit batch asks the background committer for
+/// the commit and returns: it does not wait for the commit's device flushes (which a cache
+/// device slow to flush makes long), as it did when it ran the commit itself, holding its
+/// lines.
+#[test]
+fn a_full_commit_batch_never_makes_a_writer_wait_for_the_commit() {
+    use std::sync::atomic::Ordering::SeqCst;
+    const BACKING: u64 = 64 * MIB;
+    let backing = Arc::new(MemDevice::new("backing", BACKING));
+    let cache_dev = Arc::new(SlowFlush {
+        inner: MemDevice::new("cache", 64 * MIB),
+        hold: false.into(),
+        waiting: 0.into(),
+    });
+    format_dev(&*cache_dev, SECTOR, CacheMode::WriteBack, BACKING, 0);
+    let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
+    let cache = Arc::new(cache);
+    cache.set_dirty_limit(1.0);
+    // No cleaning: only the committer runs.
+    cache.start_cleaner(ssdcache_engine::CleanerConfig {
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        max_age: std::time::Duration::from_secs(3600),
+        ..Default::default()
+    });
+    cache_dev.hold.store(true, SeqCst);
+    let writes = 5000u64; // more than a commit batch (4096 changed lines)
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            let vol = cache.volumes()[0].clone();
+            for i in 0..writes {
+                vol.write(i * SECTOR, &data(i + 1, SECTOR as usize), false)
+                    .expect("write");
+            }
+            let _ = done_tx.send(());
+        })
+    };
+    let finished = done_rx.recv_timeout(std::time::Duration::from_secs(20));
+    let committer_waited = cache_dev.waiting.load(SeqCst) > 0;
+    cache_dev.hold.store(false, SeqCst);
+    writer.join().expect("writer");
+    assert!(
+        finished.is_ok(),
+        "the writer waited for a commit's flush (more than 20 s for {writes} writes)"
+    );
+    assert!(
+        committer_waited,
+        "the committer was asked for the commit and ran it"
+    );
+    cache.stop_cleaner();
+    cache.commit().expect("commit");
+    let vol = cache.volumes()[0].clone();
+    let mut buf = vec![0u8; SECTOR as usize];
+    for i in (0..writes).step_by(97) {
+        vol.read(i * SECTOR, &mut buf).expect("read");
+        assert!(buf == data(i + 1, SECTOR as usize), "write {i} reads back");
+    }
+}
