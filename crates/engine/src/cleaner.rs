@@ -262,9 +262,12 @@ impl Cache {
         .collect()
     }
 
-    /// Reads an extent's dirty sectors from the cache and writes them to the backing device,
-    /// holding its lines so no client write lands on the backing device in between (which
-    /// this older data would then overwrite).
+    /// Reads an extent's dirty sectors from the cache holding its lines, checks them, marks the
+    /// range as being written back, releases the lines and writes the backing device: hits on
+    /// the lines never wait for the disk, and a client write to the backing device of the
+    /// range waits for this one (`Backing::wait_for_writebacks`), so this older data can never
+    /// land after it. A client write to the cache meanwhile changes the line's epoch, so the
+    /// line is not recorded clean.
     fn write_extent(&self, extent: &Extent) -> Outcome {
         let core = self.core();
         let line_size = self.layout().line_size;
@@ -272,7 +275,7 @@ impl Cache {
             extent.offset / line_size,
             (extent.offset + extent.len - 1) / line_size,
         );
-        let _held = core.locks.lock_range(extent.volume, first, last);
+        let held = core.locks.lock_range(extent.volume, first, last);
         let mut crcs = vec![0u32; (extent.len / SECTOR_SIZE) as usize];
         {
             let map = core.map();
@@ -310,6 +313,8 @@ impl Cache {
             volume.cleaner_read_failed(e);
             return Outcome::Failed;
         }
+        let _in_flight = volume.backing().begin_writeback(extent.offset, extent.len);
+        drop(held);
         if let Err(e) = volume.backing().write_at(&buf, extent.offset) {
             volume.count_pub(Counter::BackingErrors, 1);
             tracing::warn!(volume = %volume.name(), "writeback to {} failed: {e}", volume.backing().describe());

@@ -36,6 +36,33 @@ pub(crate) struct Backing {
     /// bring them back, so every later flush fails too (a failed flush is never retried and
     /// forgotten) until the daemon restarts.
     flush_failed: AtomicBool,
+    /// Backing ranges `(offset, end)` the cleaner is writing back right now, at most its writes
+    /// in flight (32). It writes them without holding the lines (so hits on them never wait
+    /// for the disk); a client write to the backing device waits for an overlapping one
+    /// instead, so the cleaner's older data can never land after it.
+    writebacks: Mutex<Vec<(u64, u64)>>,
+    writeback_ended: Condvar,
+}
+
+/// A writeback of the cleaner in flight on a backing device; ends when dropped.
+pub(crate) struct WritebackInFlight<'a> {
+    backing: &'a Backing,
+    range: (u64, u64),
+}
+
+impl Drop for WritebackInFlight<'_> {
+    fn drop(&mut self) {
+        let mut ranges = self
+            .backing
+            .writebacks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = ranges.iter().position(|&r| r == self.range) {
+            ranges.swap_remove(i);
+        }
+        drop(ranges);
+        self.backing.writeback_ended.notify_all();
+    }
 }
 
 impl Backing {
@@ -46,7 +73,40 @@ impl Backing {
             completed: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
             flush_failed: AtomicBool::new(false),
+            writebacks: Mutex::new(Vec::new()),
+            writeback_ended: Condvar::new(),
         }
+    }
+
+    /// Marks `[offset, offset + len)` as being written back by the cleaner until the returned
+    /// guard is dropped. The cleaner takes it while it still holds the range's lines, having
+    /// read and checked the dirty data, then releases the lines and writes.
+    pub fn begin_writeback(&self, offset: u64, len: u64) -> WritebackInFlight<'_> {
+        let range = (offset, offset.saturating_add(len));
+        self.writebacks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(range);
+        WritebackInFlight {
+            backing: self,
+            range,
+        }
+    }
+
+    /// Waits until no writeback of the cleaner overlaps `[offset, offset + len)`. Client
+    /// writes to the backing device call it holding their lines, so no new writeback of the
+    /// range can start meanwhile; one in flight ends when its device write returns.
+    pub fn wait_for_writebacks(&self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len);
+        let ranges = self.writebacks.lock().unwrap_or_else(|p| p.into_inner());
+        let _ranges = self
+            .writeback_ended
+            .wait_while(ranges, |ranges| {
+                ranges
+                    .iter()
+                    .any(|&(start, stop)| start < end && offset < stop)
+            })
+            .unwrap_or_else(|p| p.into_inner());
     }
 
     pub fn describe(&self) -> String {

@@ -430,6 +430,11 @@ impl Volume {
 
     fn read_backing(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.core.note_client_backing_io();
+        // A writeback in flight (the cleaner writes without the lines) may leave the range half
+        // written; its sectors are dirty now, but they may be recorded clean before the caller
+        // looks (and lays only dirty sectors over what it read). Once it ended, the backing
+        // device holds them whole, and the caller's lines keep another from starting.
+        self.backing().wait_for_writebacks(offset, buf.len() as u64);
         self.backing()
             .read_at(buf, offset)
             .map_err(|e| self.backing_err(e))?;
@@ -439,6 +444,9 @@ impl Volume {
 
     fn write_backing(&self, data: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.core.note_client_backing_io();
+        // The cleaner's older data for the range must land first (it writes without the lines).
+        self.backing()
+            .wait_for_writebacks(offset, data.len() as u64);
         self.backing()
             .write_at(data, offset)
             .map_err(|e| self.backing_err(e))?;
@@ -1196,6 +1204,7 @@ impl Volume {
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         self.core.note_client_backing_io();
+        self.backing().wait_for_writebacks(offset, length);
         if let Err(e) = self.backing().write_with(on_backing) {
             self.invalidate_clean(offset, length)?;
             return Err(self.backing_err(e));

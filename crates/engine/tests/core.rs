@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use common::{data, format_dev, open_dyn, MIB};
 use ssdcache_device::BlockDevice;
-use ssdcache_devsim::{MemDevice, Op, RecordingDevice};
+use ssdcache_devsim::{GateDevice, MemDevice, Op, RecordingDevice};
 use ssdcache_format::CacheMode;
 
 const SECTOR: u64 = 4096;
@@ -184,4 +184,81 @@ fn a_full_commit_batch_never_makes_a_writer_wait_for_the_commit() {
         vol.read(i * SECTOR, &mut buf).expect("read");
         assert!(buf == data(i + 1, SECTOR as usize), "write {i} reads back");
     }
+}
+
+/// The cleaner writes a line back without holding it: a hit on the line is served while the
+/// disk write is in flight (before, it waited for the disk), and a client write that goes to
+/// the disk for the same range waits for the writeback, so the older data cannot land after
+/// it.
+#[test]
+fn hits_do_not_wait_for_a_writeback_and_disk_writes_wait_for_it() {
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+    const BACKING: u64 = 16 * MIB;
+    let mem = Arc::new(MemDevice::new("backing", BACKING));
+    let gate = Arc::new(GateDevice::new(mem.clone()));
+    let cache_dev = Arc::new(MemDevice::new("cache", 16 * MIB));
+    format_dev(&*cache_dev, LINE, CacheMode::WriteBack, BACKING, 0);
+    let (cache, _) = open_dyn(cache_dev, gate.clone());
+    let cache = Arc::new(cache);
+    let vol = cache.volumes()[0].clone();
+    let old = data(1, SECTOR as usize);
+    vol.write(0, &old, false).expect("dirty write");
+    gate.hold_next_write();
+    let cleaner = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            cache.clean_batch(
+                &ssdcache_engine::CleanerConfig::default(),
+                1,
+                ssdcache_engine::Select::All,
+            )
+        })
+    };
+    assert!(
+        gate.wait_until_held(Duration::from_secs(10)),
+        "the writeback reached the disk"
+    );
+    // A hit on the line, while its writeback waits at the disk.
+    let (tx, rx) = channel();
+    {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; SECTOR as usize];
+            let r = vol.read(0, &mut buf).map(|()| buf);
+            let _ = tx.send(r);
+        });
+    }
+    let hit = rx.recv_timeout(Duration::from_secs(10));
+    // A write of zeroes to the same sector goes to the disk (write-back sends zero sectors
+    // around the cache): it must wait for the writeback in flight.
+    let (wtx, wrx) = channel();
+    {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            let _ = wtx.send(vol.write(0, &[0u8; SECTOR as usize], false));
+        });
+    }
+    let early = wrx.recv_timeout(Duration::from_millis(300));
+    gate.release();
+    let batch = cleaner.join().expect("cleaner thread");
+    let hit = hit.expect("the hit was served while the writeback waited at the disk");
+    assert!(hit.expect("read") == old, "the hit returned the dirty data");
+    assert!(
+        early.is_err(),
+        "the disk write did not wait for the writeback in flight"
+    );
+    wrx.recv_timeout(Duration::from_secs(10))
+        .expect("the disk write ended after the writeback")
+        .expect("write of zeroes");
+    batch.expect("batch");
+    let mut on_disk = vec![0u8; SECTOR as usize];
+    mem.read_at(&mut on_disk, 0).expect("read backing");
+    assert!(
+        on_disk.iter().all(|&b| b == 0),
+        "the newer write is on the disk, not the older writeback"
+    );
+    let mut buf = vec![1u8; SECTOR as usize];
+    vol.read(0, &mut buf).expect("read");
+    assert!(buf.iter().all(|&b| b == 0));
 }
