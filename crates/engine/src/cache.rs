@@ -21,7 +21,8 @@ use crate::map::{dirty_limit_lines, Invariant, MapState};
 use crate::policy;
 use crate::superblock::write_superblock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::touches::TouchLog;
 use crate::volume::Volume;
 
 /// Metadata pages are read and written this many at a time (1 MiB).
@@ -31,7 +32,10 @@ const META_BATCH_PAGES: usize = 256;
 pub(crate) struct CacheCore {
     pub dev: Arc<dyn BlockDevice>,
     pub layout: Layout,
-    pub map: Mutex<MapState>,
+    /// Hits read it (`map_read`) and record their uses aside (`touches`); everything that
+    /// changes it writes.
+    pub map: RwLock<MapState>,
+    pub touches: TouchLog,
     pub locks: LineLocks,
     pub sb: Mutex<Superblock>,
     /// The journal and its commit state (the commit protocol, `commit.rs`).
@@ -52,10 +56,29 @@ pub(crate) struct CacheCore {
 }
 
 impl CacheCore {
-    pub fn map(&self) -> MutexGuard<'_, MapState> {
+    pub fn map(&self) -> RwLockWriteGuard<'_, MapState> {
         // The map is only changed in short non-panicking sections; a poisoned lock still holds
         // a consistent map.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The map for looking only: hits on different lines hold it together.
+    pub fn map_read(&self) -> RwLockReadGuard<'_, MapState> {
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a hit's use of `slot` for the replacement policy without the write lock; a full
+    /// stripe of uses is applied here (`TouchLog`).
+    pub fn note_touch(&self, slot: u32) {
+        if let Some(log) = self.touches.record(slot) {
+            self.map().apply_touches(&log);
+            self.touches.recycle(log);
+        }
+    }
+
+    /// Applies the uses hits recorded aside, before a victim is chosen.
+    pub fn apply_recorded_touches(&self, map: &mut MapState) {
+        self.touches.drain(|slots| map.apply_touches(slots));
     }
 
     /// Runs `op` on the map; a failed invariant halts the engine.
@@ -575,7 +598,8 @@ impl Cache {
         let core = Arc::new(CacheCore {
             dev,
             layout,
-            map: Mutex::new(map),
+            map: RwLock::new(map),
+            touches: TouchLog::new(),
             locks: LineLocks::new(),
             sb: Mutex::new(sb),
             journal: Journal::new(pos),

@@ -15,6 +15,7 @@ pub mod policy;
 pub mod residency;
 pub mod superblock;
 mod sync;
+mod touches;
 mod volume;
 
 pub use cache::{

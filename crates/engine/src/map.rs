@@ -259,6 +259,15 @@ impl MapState {
         }
     }
 
+    /// Counts uses that hits recorded aside (`TouchLog`), oldest first.
+    pub fn apply_touches(&mut self, slots: &[u32]) {
+        for &slot in slots {
+            if self.slots.is_mapped(slot) {
+                self.slots.touch(slot);
+            }
+        }
+    }
+
     /// Looks a line up and, if cached, counts it as used.
     pub fn lookup(&mut self, volume: u16, line: u64) -> Option<Lookup> {
         let slot = self.slots.slot_of(line_key(volume, line))?;

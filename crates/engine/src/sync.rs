@@ -5,12 +5,12 @@
 
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::{
-    sync::{atomic, Condvar, Mutex, MutexGuard, RwLock},
+    sync::{atomic, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard},
     thread,
 };
 
 #[cfg(feature = "shuttle")]
 pub(crate) use shuttle::{
-    sync::{atomic, Condvar, Mutex, MutexGuard, RwLock},
+    sync::{atomic, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard},
     thread,
 };

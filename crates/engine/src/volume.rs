@@ -517,14 +517,14 @@ impl Volume {
 
     /// True when every sector of the range is in the cache.
     fn all_cached(&self, offset: u64, length: u64) -> bool {
-        let mut map = self.core.map();
+        let map = self.core.map_read();
         self.segments(offset, length)
-            .all(|seg| Self::cached_slot(&mut map, self.id, &seg).is_some())
+            .all(|seg| Self::cached_slot(&map, self.id, &seg).is_some())
     }
 
-    /// The slot holding every sector of a segment, if one does.
-    fn cached_slot(map: &mut MapState, volume: u16, seg: &Segment) -> Option<u32> {
-        let hit = map.lookup(volume, seg.line)?;
+    /// The slot holding every sector of a segment, if one does (not counted as a use).
+    fn cached_slot(map: &MapState, volume: u16, seg: &Segment) -> Option<u32> {
+        let hit = map.peek(volume, seg.line)?;
         (seg.first_sector..seg.first_sector + seg.sectors)
             .all(|s| hit.valid.get(s))
             .then_some(hit.slot)
@@ -562,15 +562,18 @@ impl Volume {
     fn read_hit(&self, seg: &Segment, buf: &mut [u8]) -> Result<bool> {
         let mut crcs = [0u32; MAX_SECTORS];
         let crcs = &mut crcs[..seg.sectors];
+        // The map is only read: hits on different lines do not wait for one another, and the
+        // use is recorded aside for the policy (`TouchLog`).
         let snapshot = {
-            let mut map = self.core.map();
-            let Some(slot) = Self::cached_slot(&mut map, self.id, seg) else {
+            let map = self.core.map_read();
+            let Some(slot) = Self::cached_slot(&map, self.id, seg) else {
                 return Ok(false);
             };
             let confirm = map.sector_crcs(slot, seg.first_sector, crcs);
             CrcSnapshot { slot, confirm }
         };
         let slot = snapshot.slot;
+        self.core.note_touch(slot);
         if let Err(e) = self.core.dev.read_at(buf, self.slot_offset(slot, seg)) {
             return self.cache_read_failed(slot, seg.first_sector, seg.sectors, e);
         }
@@ -889,9 +892,12 @@ impl Volume {
         self.core
             .with_map(|map| match map.lookup(self.id, seg.line) {
                 Some(hit) => Ok(Some((hit.slot, true))),
-                None => Ok(map
-                    .allocate(self.id, seg.line, &self.core.locks)?
-                    .map(|slot| (slot, false))),
+                None => {
+                    self.core.apply_recorded_touches(map);
+                    Ok(map
+                        .allocate(self.id, seg.line, &self.core.locks)?
+                        .map(|slot| (slot, false)))
+                }
             })
     }
 
@@ -909,9 +915,12 @@ impl Volume {
             }
             match found {
                 Some(hit) => Ok(Some((hit.slot, true))),
-                None => Ok(map
-                    .allocate(self.id, seg.line, &self.core.locks)?
-                    .map(|slot| (slot, false))),
+                None => {
+                    self.core.apply_recorded_touches(map);
+                    Ok(map
+                        .allocate(self.id, seg.line, &self.core.locks)?
+                        .map(|slot| (slot, false)))
+                }
             }
         })
     }

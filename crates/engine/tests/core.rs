@@ -165,6 +165,11 @@ fn a_full_commit_batch_never_makes_a_writer_wait_for_the_commit() {
         })
     };
     let finished = done_rx.recv_timeout(std::time::Duration::from_secs(20));
+    // The committer, asked at the batch, reaches the held flush (bounded wait).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cache_dev.waiting.load(SeqCst) == 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let committer_waited = cache_dev.waiting.load(SeqCst) > 0;
     cache_dev.hold.store(false, SeqCst);
     writer.join().expect("writer");

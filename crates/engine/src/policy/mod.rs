@@ -40,7 +40,7 @@ pub use s3fifo::S3Fifo;
 /// slot, the slot stays tracked and no ghost is recorded. Usually `insert` of the key comes
 /// next; the engine may instead ask `victim` again for the same key (the released slot did not
 /// come free), or give up (nothing evictable).
-pub trait ReplacementPolicy: Send {
+pub trait ReplacementPolicy: Send + Sync {
     /// A slot now holds the line `key` (newly filled). `key` identifies the line across
     /// evictions (the engine passes `line_key(volume, line)`), so a policy can tell a line
     /// that comes back after its eviction. The engine inserts only untracked slots and never
