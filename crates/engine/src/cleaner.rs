@@ -178,6 +178,7 @@ impl Cache {
                 Outcome::Failed => report.extents_failed += 1,
             }
         }
+        self.pass_over_unwritten(&extents, &outcomes);
         // Clean before forgetting: nothing is recorded clean until the backing device says
         // the data is durable.
         for (vol, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
@@ -204,6 +205,20 @@ impl Cache {
         }
         self.core().commit(CommitPurpose::Writeback)?;
         Ok(report)
+    }
+
+    /// Lines of extents not written back go to the warm end of the dirty queue, so batches
+    /// of the coldest lines move on past lines that cannot be written back now (a cache read
+    /// error, a backing write error, damage), as the address-ordered sweep moves its cursor.
+    fn pass_over_unwritten(&self, extents: &[Extent], outcomes: &[Outcome]) {
+        let mut map = self.core().map();
+        for (extent, outcome) in extents.iter().zip(outcomes) {
+            if !matches!(outcome, Outcome::Written) {
+                for p in &extent.parts {
+                    map.pass_over_dirty(p.line.slot, p.line.key);
+                }
+            }
+        }
     }
 
     /// The dirty lines of the next batch, in address order.

@@ -818,6 +818,15 @@ impl MapState {
         })
     }
 
+    /// Moves a dirty line the cleaner could not write back to the warm end of the dirty queue,
+    /// if the slot still holds it: the next batch taken from the cold end (`Select::Coldest`)
+    /// goes on to other lines instead of failing on the same ones for ever.
+    pub fn pass_over_dirty(&mut self, slot: u32, key: LineKey) {
+        if self.slots.key_of(slot) == key {
+            self.slots.touch(slot);
+        }
+    }
+
     /// Sets the most dirty lines (see `dirty_limit`).
     pub fn set_dirty_limit(&mut self, lines: u32) {
         self.dirty_limit = lines;

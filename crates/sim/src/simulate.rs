@@ -324,6 +324,18 @@ impl Simulation {
     fn write_line(&mut self, key: u64, bytes: u64, bypass: bool) {
         self.counters.write_refs += 1;
         let cached = self.slots.slot_of(key);
+        if bypass {
+            // As the engine: a write continuing a stream past the cutoff goes around the cache
+            // and drops the cached copy of what it wrote. A line is cached whole here, so a
+            // dirty one stays (its other sectors are still dirty in the engine).
+            self.counters.backing_bytes_written += bytes;
+            if let Some(slot) = cached {
+                if self.slots.standing(slot) != Some(Standing::Dirty) {
+                    self.drop_line(slot);
+                }
+            }
+            return;
+        }
         match self.config.mode {
             Mode::WriteAround => {
                 self.counters.backing_bytes_written += bytes;
@@ -337,18 +349,18 @@ impl Simulation {
                     self.counters.write_hits += 1;
                     self.counters.cache_bytes_written += bytes;
                     self.slots.touch(slot);
-                } else if !bypass && self.admit(key) && self.take_slot(key).is_some() {
+                } else if self.admit(key) && self.take_slot(key).is_some() {
                     self.counters.cache_bytes_written += bytes;
                 }
             }
-            Mode::WriteBack => self.write_back(key, cached, bytes, bypass),
+            Mode::WriteBack => self.write_back(key, cached, bytes),
         }
     }
 
     /// As the engine: an overwrite of a dirty line is absorbed; below the dirty limit a write
     /// makes its line dirty (allocating one on a miss); past it, or with no clean line to give,
     /// it goes to the backing device (dropping a clean cached copy).
-    fn write_back(&mut self, key: u64, cached: Option<u32>, bytes: u64, bypass: bool) {
+    fn write_back(&mut self, key: u64, cached: Option<u32>, bytes: u64) {
         if let Some(slot) = cached {
             self.counters.write_hits += 1;
             if self.slots.standing(slot) == Some(Standing::Dirty) {
@@ -364,7 +376,7 @@ impl Simulation {
             self.slots.touch(slot);
             return;
         }
-        if bypass || !self.admit(key) {
+        if !self.admit(key) {
             self.counters.backing_bytes_written += bytes;
             return;
         }
@@ -809,6 +821,22 @@ mod tests {
             slow.cleaned_bytes > 0 && slow.cleaned_bytes < fast.cleaned_bytes,
             "{slow:?}"
         );
+    }
+
+    #[test]
+    fn a_write_past_the_cutoff_goes_around_and_drops_a_clean_copy() {
+        let mut cfg = config("lru", 1024, Mode::WriteThrough);
+        cfg.sequential_cutoff = 4 * 4096;
+        // Block 10 cached by a read (then 32 reads far away, so the stream detector forgets
+        // it), then a write stream over blocks 0..20.
+        let mut reqs = vec![read(10)];
+        reqs.extend((1..=32).map(|k| read(k * 1000)));
+        reqs.extend((0..20).map(write));
+        reqs.push(read(10));
+        let c = run_one(cfg, &reqs);
+        assert_eq!(c.read_hits, 0, "the stream's write dropped block 10's copy");
+        assert!(c.bypassed_refs >= 10, "{c:?}");
+        assert_eq!(c.backing_bytes_written, 20 * 4096);
     }
 
     #[test]
