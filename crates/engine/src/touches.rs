@@ -34,7 +34,7 @@ impl TouchLog {
         if log.len() < STRIPE_CAPACITY {
             return None;
         }
-        Some(std::mem::replace(&mut *log, Vec::new()))
+        Some(std::mem::take(&mut *log))
     }
 
     /// Gives an emptied log back to this thread's stripe if it has none with room, so the
