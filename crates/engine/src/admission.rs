@@ -17,7 +17,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use nhit::NHitAdmission;
-pub use stream::StreamDetector;
+pub use stream::{StreamDetector, Streams};
 
 /// The largest N of N-hit admission. Beyond a few misses the table's memory (about one cache's
 /// worth of lines) is what decides, not N.

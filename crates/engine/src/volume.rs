@@ -7,7 +7,7 @@ use ssdcache_format::{
     sector_crc, CacheMode, SectorBitmap, VolumeCounters, VolumeSlot, SECTOR_SIZE,
 };
 
-use crate::admission::{Admission, NHitAdmission, StreamDetector};
+use crate::admission::{Admission, NHitAdmission, Streams};
 use crate::cache::{CacheCore, Mismatch};
 use crate::commit::{Backing, CommitPurpose};
 use crate::error::{EngineError, Result};
@@ -130,7 +130,7 @@ pub struct Volume {
     read_only: bool,
     size: u64,
     core: Arc<CacheCore>,
-    streams: Mutex<StreamDetector>,
+    streams: Streams,
     admission: Admission,
     /// The N-hit miss table; `None` under `always` admission.
     admission_table: Option<Mutex<NHitAdmission>>,
@@ -192,7 +192,7 @@ impl Volume {
             read_only: slot.read_only,
             size: slot.backing.size,
             core,
-            streams: Mutex::new(StreamDetector::new(slot.sequential_cutoff)),
+            streams: Streams::new(slot.sequential_cutoff),
             admission,
             admission_table: admission.table(lines).map(Mutex::new),
             counters: slot.counters.0.map(AtomicU64::new),
@@ -263,13 +263,13 @@ impl Volume {
     }
     /// A sequential stream bypasses the cache after this many bytes; 0 = never.
     pub fn sequential_cutoff(&self) -> u64 {
-        lock(&self.streams).cutoff()
+        self.streams.cutoff()
     }
 
     /// Records a request with the stream detector: true when it continues a stream past the
     /// cutoff and bypasses the cache.
     fn stream_bypass(&self, offset: u64, length: u64) -> bool {
-        lock(&self.streams).bypass(offset, length)
+        self.streams.bypass(offset, length)
     }
 
     /// Whether a segment's line may take cache space. A line already in the cache (some of

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxBuildHasher;
 use serde::Serialize;
-use ssdcache_engine::admission::{Admission, NHitAdmission, StreamDetector};
+use ssdcache_engine::admission::{Admission, NHitAdmission, Streams};
 use ssdcache_engine::dirty_limit_lines;
 use ssdcache_engine::policy;
 use ssdcache_engine::residency::{Residency, Standing};
@@ -225,7 +225,7 @@ pub struct Simulation {
     budget: f64,
     now_ns: u64,
     admission: Option<NHitAdmission>,
-    streams: HashMap<u32, StreamDetector>,
+    streams: HashMap<u32, Streams>,
     line_shift: u32,
     counters: SimCounters,
 }
@@ -278,7 +278,7 @@ impl Simulation {
             && self
                 .streams
                 .entry(r.volume)
-                .or_insert_with(|| StreamDetector::new(self.config.sequential_cutoff))
+                .or_insert_with(|| Streams::new(self.config.sequential_cutoff))
                 .bypass(r.offset, r.len);
         let line_size = self.config.line_size;
         let first = r.offset >> self.line_shift;

@@ -4,11 +4,17 @@
 //! sequential_cutoff; Open CAS's stream detection). Several streams are tracked at once, so
 //! concurrent copies and out-of-order arrivals from a deep queue are still recognised.
 //!
-//! No locking inside: the engine keeps one detector per volume behind a mutex, the simulator
-//! owns one outright. Fixed state (32 streams), no allocation per request.
+//! [`StreamDetector`] has no locking inside. [`Streams`] is what a volume keeps: one detector per
+//! 256 MiB region modulo 16 shards, each behind its own mutex, so requests to different regions
+//! (most hits) do not take the same lock; a stream that crosses into the next region is handed
+//! over to that region's shard, so it stays one stream. The engine and the simulator both use
+//! `Streams`. Fixed state (32 streams per shard), no allocation per request.
 
-/// Streams tracked per volume; the least recently used one is replaced.
+/// Streams tracked per detector; the least recently used one is replaced.
 const STREAMS: usize = 32;
+/// `Streams`: shards, and the size of the regions they take in turn.
+const SHARDS: usize = 16;
+const REGION_SHIFT: u32 = 28;
 /// A request starting within this distance, plus a few of its own lengths, of where a stream
 /// is expected continues it (the requests of a deep sequential queue arrive out of order).
 const SLACK: u64 = 1 << 20;
@@ -44,6 +50,34 @@ impl StreamDetector {
     /// The cutoff in bytes; 0 = detection off.
     pub fn cutoff(&self) -> u64 {
         self.cutoff
+    }
+
+    /// Takes out the stream that a request at `offset` of `len` bytes would continue (exactly,
+    /// else nearby), for `Streams` to hand it to the next region's detector.
+    fn take_continued(&mut self, offset: u64, len: u64) -> Option<Stream> {
+        let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
+        let exact = self
+            .streams
+            .iter()
+            .position(|s| s.run > 0 && offset == s.next);
+        let near = || {
+            self.streams
+                .iter()
+                .position(|s| s.run > 0 && offset.abs_diff(s.next) <= slack)
+        };
+        let i = exact.or_else(near)?;
+        Some(std::mem::take(&mut self.streams[i]))
+    }
+
+    /// Tracks a stream handed over from another detector, in place of the least recently used.
+    fn adopt(&mut self, stream: Stream) {
+        self.clock += 1;
+        if let Some(oldest) = self.streams.iter_mut().min_by_key(|s| s.last_used) {
+            *oldest = Stream {
+                last_used: self.clock,
+                ..stream
+            };
+        }
     }
 
     /// Records a request and says whether it should bypass the cache: true when it continues
@@ -88,9 +122,71 @@ impl StreamDetector {
     }
 }
 
+/// A volume's stream detection without one lock for every request: see the module
+/// documentation.
+pub struct Streams {
+    shards: [std::sync::Mutex<StreamDetector>; SHARDS],
+    cutoff: u64,
+}
+
+impl Streams {
+    /// `cutoff` = 0 turns detection off.
+    pub fn new(cutoff: u64) -> Streams {
+        Streams {
+            shards: std::array::from_fn(|_| std::sync::Mutex::new(StreamDetector::new(cutoff))),
+            cutoff,
+        }
+    }
+
+    pub fn cutoff(&self) -> u64 {
+        self.cutoff
+    }
+
+    /// As [`StreamDetector::bypass`], for the whole volume.
+    pub fn bypass(&self, offset: u64, len: u64) -> bool {
+        if self.cutoff == 0 {
+            return false;
+        }
+        let region = offset >> REGION_SHIFT;
+        let in_region = offset & ((1 << REGION_SHIFT) - 1);
+        let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
+        if region > 0 && in_region <= slack {
+            // A stream of the previous region may continue here: move it over (one lock at a
+            // time, so shards never wait for each other).
+            let taken = self.shard(region - 1).take_continued(offset, len);
+            if let Some(stream) = taken {
+                self.shard(region).adopt(stream);
+            }
+        }
+        self.shard(region).bypass(offset, len)
+    }
+
+    fn shard(&self, region: u64) -> std::sync::MutexGuard<'_, StreamDetector> {
+        // A detector is consistent after any panic (plain numbers).
+        self.shards[(region % SHARDS as u64) as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream stays one stream across regions (it is handed over to the next shard), and
+    /// requests to different regions use different detectors.
+    #[test]
+    fn a_stream_crossing_regions_stays_one_stream() {
+        let mib = 1u64 << 20;
+        let streams = Streams::new(4 * mib);
+        let start = (1 << REGION_SHIFT) - 8 * mib;
+        let bypassed: Vec<bool> = (0..32)
+            .map(|i| streams.bypass(start + i * mib, mib))
+            .collect();
+        assert!(!bypassed[..4].iter().any(|&b| b), "{bypassed:?}");
+        assert!(bypassed[4..].iter().all(|&b| b), "{bypassed:?}");
+        assert!(!Streams::new(0).bypass(0, mib));
+    }
 
     #[test]
     fn long_streams_bypass_after_the_cutoff_random_requests_never() {
