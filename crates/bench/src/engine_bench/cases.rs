@@ -1,0 +1,505 @@
+//! The three measurements of `ssdcache-bench engine`.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use ssdcache_device::{AlignedBuf, BlockDevice, MemDevice, SplitMix64};
+use ssdcache_engine::{Cache, Volume};
+use ssdcache_format::CacheMode;
+
+use super::timed::{DeviceTimes, TimedDevice};
+use super::{alloc, counter, open_cache, EngineArgs, MetaCase, Scratch};
+
+const WRITE_LEN: usize = 4096;
+
+/// Per-request latency of a timed series.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub requests: usize,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Latency {
+    fn of(mut nanos: Vec<u64>) -> Latency {
+        nanos.sort_unstable();
+        let n = nanos.len().max(1);
+        // Nearest rank: the smallest value with at least p of the requests at or below it.
+        let rank = |p: f64| nanos[((p * n as f64).ceil() as usize).clamp(1, n) - 1] as f64 / 1e3;
+        Latency {
+            requests: nanos.len(),
+            mean_us: nanos.iter().sum::<u64>() as f64 / n as f64 / 1e3,
+            p50_us: rank(0.50),
+            p99_us: rank(0.99),
+            max_us: nanos.last().map_or(0.0, |&x| x as f64 / 1e3),
+        }
+    }
+}
+
+/// Where a timed series' time went, in microseconds per request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Breakdown {
+    /// Cache-device calls: the data write, journal writes and flushes of commits.
+    pub cache_device_us: f64,
+    /// Backing-device calls: the write-around when no slot could be had.
+    pub backing_device_us: f64,
+    /// Everything else: the engine's own work (map lock, policy, line locks, bookkeeping).
+    pub engine_us: f64,
+    pub cache_writes_per_request: f64,
+    pub backing_writes_per_request: f64,
+}
+
+/// A timed series and its breakdown.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timed {
+    pub latency: Latency,
+    pub breakdown: Breakdown,
+}
+
+/// Heap the engine holds for a cache at full occupancy.
+#[derive(Debug, Clone, Serialize)]
+pub struct MetadataRow {
+    pub cache_size: u64,
+    pub line_size: u64,
+    pub lines: u64,
+    pub fill_secs: f64,
+    /// Live heap bytes after the fill minus before the format.
+    pub heap_bytes: u64,
+    /// The most heap bytes live at once during open and fill, minus before the format.
+    pub heap_peak_bytes: u64,
+    pub bytes_per_line: f64,
+    pub percent_of_cache: f64,
+    pub vmrss_kib: u64,
+    pub vmhwm_kib: u64,
+    /// Whether the admit measurement's fill of the same cache was used.
+    pub from_admit: bool,
+}
+
+impl MetadataRow {
+    pub fn taken_from_admit(mut self) -> MetadataRow {
+        self.from_admit = true;
+        self
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AdmitRow {
+    pub cache_size: u64,
+    pub line_size: u64,
+    pub lines: u64,
+    pub policy: String,
+    pub free: Timed,
+    pub all_dirty: Timed,
+    pub fill_secs: f64,
+    pub fill_lines_per_sec: f64,
+    pub metadata: MetadataRow,
+}
+
+impl AdmitRow {
+    pub fn same_cache(&self, case: MetaCase) -> bool {
+        self.cache_size == case.cache_size && self.line_size == case.line_size
+    }
+}
+
+/// A write-back cache on a sparse file, a sparse backing file twice its size, both timed.
+struct FileCache {
+    cache: Cache,
+    cache_dev: Arc<TimedDevice>,
+    backing_dev: Arc<TimedDevice>,
+    heap_before: usize,
+}
+
+fn file_cache(a: &EngineArgs, scratch: &Scratch, size: u64, line_size: u64) -> Result<FileCache> {
+    let o_direct = "(opened with O_DIRECT: --tmp must be on a disk filesystem, not tmpfs)";
+    let cache_file = crate::sparse_file(&scratch.path("cache.img"), size).context(o_direct)?;
+    let backing_file =
+        crate::sparse_file(&scratch.path("backing.img"), 2 * size).context(o_direct)?;
+    let cache_dev = Arc::new(TimedDevice::new(cache_file));
+    let backing_dev = Arc::new(TimedDevice::new(backing_file));
+    reset_vmhwm();
+    let heap_before = alloc::live();
+    alloc::reset_peak();
+    let cache = open_cache(
+        cache_dev.clone(),
+        backing_dev.clone(),
+        line_size,
+        CacheMode::WriteBack,
+        &a.policy,
+    )?;
+    Ok(FileCache {
+        cache,
+        cache_dev,
+        backing_dev,
+        heap_before,
+    })
+}
+
+/// The admit measurement for one cache size.
+pub fn admit(a: &EngineArgs, size: u64, scratch: &Scratch) -> Result<AdmitRow> {
+    let fc = file_cache(a, scratch, size, a.line_size)?;
+    let vol = fc.cache.volumes()[0].clone();
+    let lines = fc.cache.layout().line_count;
+    let n = a.writes as u64;
+    if n > lines {
+        bail!(
+            "--writes {n} is more than the {lines} lines of a {} cache: give fewer --writes or larger --sizes",
+            gib(size)
+        );
+    }
+    eprintln!(
+        "admit: {} cache, {lines} lines of {} KiB",
+        gib(size),
+        a.line_size >> 10
+    );
+    let free = timed_writes(&fc, &vol, 0..n, a.line_size)?;
+    let fill_secs = fill(&vol, n..lines, a.line_size, a.fill_threads, "admit")?;
+    fc.cache.commit()?;
+    if fc.cache.dirty_lines() != lines {
+        bail!(
+            "after the fill {} of {lines} lines are dirty",
+            fc.cache.dirty_lines()
+        );
+    }
+    let metadata = metadata_row(&fc, size, a.line_size, fill_secs);
+    let around_before = counter(&vol, "bytes_written_around_full")?;
+    let all_dirty = timed_writes(&fc, &vol, lines..lines + n, a.line_size)?;
+    let around = counter(&vol, "bytes_written_around_full")? - around_before;
+    if around != n * WRITE_LEN as u64 {
+        bail!(
+            "with every line dirty {around} bytes went around the cache, not {}: the state measured is not the one meant",
+            n * WRITE_LEN as u64
+        );
+    }
+    Ok(AdmitRow {
+        cache_size: size,
+        line_size: a.line_size,
+        lines,
+        policy: a.policy.clone(),
+        free,
+        all_dirty,
+        fill_secs,
+        fill_lines_per_sec: (lines - n) as f64 / fill_secs,
+        metadata,
+    })
+}
+
+/// The metadata measurement for one cache.
+pub fn metadata(a: &EngineArgs, case: MetaCase, scratch: &Scratch) -> Result<MetadataRow> {
+    let fc = file_cache(a, scratch, case.cache_size, case.line_size)?;
+    let vol = fc.cache.volumes()[0].clone();
+    let lines = fc.cache.layout().line_count;
+    eprintln!(
+        "metadata: {} cache, {lines} lines of {} KiB",
+        gib(case.cache_size),
+        case.line_size >> 10
+    );
+    let fill_secs = fill(&vol, 0..lines, case.line_size, a.fill_threads, "metadata")?;
+    fc.cache.commit()?;
+    if fc.cache.dirty_lines() != lines {
+        bail!(
+            "after the fill {} of {lines} lines are dirty",
+            fc.cache.dirty_lines()
+        );
+    }
+    Ok(metadata_row(
+        &fc,
+        case.cache_size,
+        case.line_size,
+        fill_secs,
+    ))
+}
+
+fn metadata_row(fc: &FileCache, size: u64, line_size: u64, fill_secs: f64) -> MetadataRow {
+    let lines = fc.cache.layout().line_count;
+    let heap = alloc::live().saturating_sub(fc.heap_before) as u64;
+    let (vmrss_kib, vmhwm_kib) = memory_status();
+    let bytes_per_line = heap as f64 / lines as f64;
+    MetadataRow {
+        cache_size: size,
+        line_size,
+        lines,
+        fill_secs,
+        heap_bytes: heap,
+        heap_peak_bytes: alloc::peak().saturating_sub(fc.heap_before) as u64,
+        bytes_per_line,
+        percent_of_cache: bytes_per_line / line_size as f64 * 100.0,
+        vmrss_kib,
+        vmhwm_kib,
+        from_admit: false,
+    }
+}
+
+/// One 4 KiB write at the start of each line of `lines`, one at a time, each timed.
+fn timed_writes(fc: &FileCache, vol: &Volume, lines: Range<u64>, line_size: u64) -> Result<Timed> {
+    let mut buf = AlignedBuf::zeroed(WRITE_LEN);
+    buf.fill(0xa5);
+    let mut nanos = Vec::with_capacity((lines.end - lines.start) as usize);
+    let (cache0, backing0) = (fc.cache_dev.times(), fc.backing_dev.times());
+    for line in lines {
+        buf[..8].copy_from_slice(&line.to_le_bytes());
+        let t = Instant::now();
+        vol.write(line * line_size, &buf, false)
+            .with_context(|| format!("write to line {line} failed"))?;
+        nanos.push(t.elapsed().as_nanos() as u64);
+    }
+    let cache = fc.cache_dev.times().since(&cache0);
+    let backing = fc.backing_dev.times().since(&backing0);
+    let latency = Latency::of(nanos);
+    let breakdown = breakdown(&latency, &cache, &backing);
+    Ok(Timed { latency, breakdown })
+}
+
+fn breakdown(l: &Latency, cache: &DeviceTimes, backing: &DeviceTimes) -> Breakdown {
+    let n = l.requests.max(1) as f64;
+    let cache_us = cache.total_ns() as f64 / 1e3 / n;
+    let backing_us = backing.total_ns() as f64 / 1e3 / n;
+    Breakdown {
+        cache_device_us: cache_us,
+        backing_device_us: backing_us,
+        engine_us: l.mean_us - cache_us - backing_us,
+        cache_writes_per_request: cache.writes as f64 / n,
+        backing_writes_per_request: backing.writes as f64 / n,
+    }
+}
+
+/// Writes 4 KiB of non-zero data at the start of every line of `lines` (zero sectors would go
+/// around the cache by design), from `threads` threads; returns the seconds it took. Prints
+/// progress on stderr every 5 s.
+fn fill(
+    vol: &Volume,
+    lines: Range<u64>,
+    line_size: u64,
+    threads: usize,
+    what: &str,
+) -> Result<f64> {
+    let total = lines.end - lines.start;
+    let next = AtomicU64::new(lines.start);
+    let done = AtomicU64::new(0);
+    let running = AtomicUsize::new(threads);
+    let stop = AtomicBool::new(false);
+    let failed = Mutex::new(None);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                if let Err(e) = fill_worker(vol, &next, lines.end, line_size, &done, &stop) {
+                    stop.store(true, Ordering::Relaxed);
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+                running.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        // Ends when every worker has: each writes at most `total` lines.
+        let mut shown = Instant::now();
+        while running.load(Ordering::Relaxed) > 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            if shown.elapsed() >= Duration::from_secs(5) {
+                let d = done.load(Ordering::Relaxed);
+                let secs = t0.elapsed().as_secs_f64();
+                eprintln!(
+                    "{what}: fill {d}/{total} lines ({:.0}%), {:.0} lines/s, {secs:.0} s",
+                    d as f64 * 100.0 / total.max(1) as f64,
+                    d as f64 / secs
+                );
+                shown = Instant::now();
+            }
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e.context("the fill failed"));
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+fn fill_worker(
+    vol: &Volume,
+    next: &AtomicU64,
+    end: u64,
+    line_size: u64,
+    done: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let mut buf = AlignedBuf::zeroed(WRITE_LEN);
+    buf.fill(0xa5);
+    while !stop.load(Ordering::Relaxed) {
+        let line = next.fetch_add(1, Ordering::Relaxed);
+        if line >= end {
+            break;
+        }
+        buf[..8].copy_from_slice(&line.to_le_bytes());
+        vol.write(line * line_size, &buf, false)
+            .with_context(|| format!("write to line {line} failed"))?;
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Cache-hit reads per second with one thread count.
+#[derive(Debug, Clone, Serialize)]
+pub struct HitRun {
+    pub threads: usize,
+    /// More threads than the machine has CPUs.
+    pub oversubscribed: bool,
+    pub seconds: f64,
+    pub requests: u64,
+    pub requests_per_sec: f64,
+    pub per_thread_per_sec: f64,
+    /// Wall time per request in one thread.
+    pub mean_us: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HitsResult {
+    pub cache_size: u64,
+    pub line_size: u64,
+    pub lines: u64,
+    pub policy: String,
+    pub cpus: usize,
+    pub runs: Vec<HitRun>,
+}
+
+/// The hits measurement: an in-memory cache with every line cached, random 4 KiB reads.
+pub fn hits(a: &EngineArgs, cpus: usize) -> Result<HitsResult> {
+    let cache_dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("cache", a.hit_cache_size));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new("backing", 2 * a.hit_cache_size));
+    let cache = open_cache(
+        cache_dev,
+        backing,
+        a.hit_line_size,
+        CacheMode::WriteThrough,
+        &a.policy,
+    )?;
+    let vol = cache.volumes()[0].clone();
+    let lines = cache.layout().line_count;
+    cache_every_line(&vol, lines, a.hit_line_size)?;
+    eprintln!(
+        "hits: {lines} lines of {} KiB cached, in memory",
+        a.hit_line_size >> 10
+    );
+    let mut runs = Vec::new();
+    for &threads in &a.threads {
+        let run = hit_run(a, &vol, lines * a.hit_line_size, threads, cpus)?;
+        runs.push(run);
+    }
+    Ok(HitsResult {
+        cache_size: a.hit_cache_size,
+        line_size: a.hit_line_size,
+        lines,
+        policy: a.policy.clone(),
+        cpus,
+        runs,
+    })
+}
+
+fn cache_every_line(vol: &Volume, lines: u64, line_size: u64) -> Result<()> {
+    let mut buf = AlignedBuf::zeroed(line_size as usize);
+    buf.fill(0x5a);
+    for line in 0..lines {
+        buf[..8].copy_from_slice(&line.to_le_bytes());
+        vol.write(line * line_size, &buf, false)
+            .with_context(|| format!("write to line {line} failed"))?;
+    }
+    if vol.stats().lines_used != lines {
+        bail!(
+            "only {} of {lines} lines are cached",
+            vol.stats().lines_used
+        );
+    }
+    Ok(())
+}
+
+/// At most this many reads per thread and run, whatever the clock says.
+const MAX_READS_PER_THREAD: u64 = 1 << 32;
+
+fn hit_run(a: &EngineArgs, vol: &Volume, span: u64, threads: usize, cpus: usize) -> Result<HitRun> {
+    let (reads0, hits0) = (counter(vol, "reads")?, counter(vol, "read_hits")?);
+    let total = AtomicU64::new(0);
+    let failed = Mutex::new(None);
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(a.seconds);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (total, failed) = (&total, &failed);
+            s.spawn(move || {
+                let seed = a.seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                match hit_worker(vol, span, seed, deadline) {
+                    Ok(n) => {
+                        total.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+                }
+            });
+        }
+    });
+    let seconds = t0.elapsed().as_secs_f64();
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e.context("a cache-hit read failed"));
+    }
+    let (reads, hits) = (
+        counter(vol, "reads")? - reads0,
+        counter(vol, "read_hits")? - hits0,
+    );
+    let requests = total.into_inner();
+    if reads != requests || hits != reads {
+        bail!("of {requests} reads the volume counted {reads}, {hits} of them hits: not all hits");
+    }
+    let rate = requests as f64 / seconds;
+    Ok(HitRun {
+        threads,
+        oversubscribed: threads > cpus,
+        seconds,
+        requests,
+        requests_per_sec: rate,
+        per_thread_per_sec: rate / threads as f64,
+        mean_us: threads as f64 / rate * 1e6,
+    })
+}
+
+fn hit_worker(vol: &Volume, span: u64, seed: u64, deadline: Instant) -> Result<u64> {
+    let mut rng = SplitMix64(seed);
+    let mut buf = AlignedBuf::zeroed(WRITE_LEN);
+    let blocks = span / WRITE_LEN as u64;
+    let mut n = 0;
+    // The clock is read once per 64 reads, so it costs little next to them.
+    while n < MAX_READS_PER_THREAD && Instant::now() < deadline {
+        for _ in 0..64 {
+            let offset = rng.below(blocks) * WRITE_LEN as u64;
+            vol.read(offset, &mut buf)
+                .with_context(|| format!("read at {offset} failed"))?;
+        }
+        n += 64;
+    }
+    Ok(n)
+}
+
+/// VmRSS and VmHWM of this process, in KiB (0 when /proc does not say).
+fn memory_status() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Starts VmHWM again from the current RSS (Linux: `clear_refs` value 5); a hint only.
+fn reset_vmhwm() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+pub fn gib(bytes: u64) -> String {
+    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
