@@ -28,6 +28,15 @@ pub struct Latency {
 
 impl Latency {
     fn of(mut nanos: Vec<u64>) -> Latency {
+        if nanos.is_empty() {
+            return Latency {
+                requests: 0,
+                mean_us: 0.0,
+                p50_us: 0.0,
+                p99_us: 0.0,
+                max_us: 0.0,
+            };
+        }
         nanos.sort_unstable();
         let n = nanos.len().max(1);
         // Nearest rank: the smallest value with at least p of the requests at or below it.
@@ -99,6 +108,18 @@ pub struct AdmitRow {
     pub fill_secs: f64,
     pub fill_lines_per_sec: f64,
     pub metadata: MetadataRow,
+    /// Cache-hit reads of dirty lines by one thread, alone and beside writes into the
+    /// all-dirty cache: how long a hit waits for the map lock the writes hold.
+    pub hits_beside: Beside,
+}
+
+/// One reader thread's cache hits alone, and beside a writer admitting into the all-dirty
+/// cache (the reader's latency grows by the time it waits for the map lock).
+#[derive(Debug, Clone, Serialize)]
+pub struct Beside {
+    pub reader_alone: Latency,
+    pub reader_beside_writes: Latency,
+    pub writer: Latency,
 }
 
 impl AdmitRow {
@@ -146,9 +167,9 @@ pub fn admit(a: &EngineArgs, size: u64, scratch: &Scratch) -> Result<AdmitRow> {
     let vol = fc.cache.volumes()[0].clone();
     let lines = fc.cache.layout().line_count;
     let n = a.writes as u64;
-    if n > lines {
+    if 3 * n > lines {
         bail!(
-            "--writes {n} is more than the {lines} lines of a {} cache: give fewer --writes or larger --sizes",
+            "3 x --writes {n} is more than the {lines} lines of a {} cache: give fewer --writes or larger --sizes",
             gib(size)
         );
     }
@@ -168,6 +189,8 @@ pub fn admit(a: &EngineArgs, size: u64, scratch: &Scratch) -> Result<AdmitRow> {
     }
     let metadata = metadata_row(&fc, size, a.line_size, fill_secs);
     let around_before = counter(&vol, "bytes_written_around_full")?;
+    // A profiler attaches on this line to see the all-dirty state alone (bench/analysis.md).
+    eprintln!("admit: timing {n} writes with every line dirty");
     let all_dirty = timed_writes(&fc, &vol, lines..lines + n, a.line_size)?;
     let around = counter(&vol, "bytes_written_around_full")? - around_before;
     if around != n * WRITE_LEN as u64 {
@@ -176,7 +199,9 @@ pub fn admit(a: &EngineArgs, size: u64, scratch: &Scratch) -> Result<AdmitRow> {
             n * WRITE_LEN as u64
         );
     }
+    let hits_beside = beside(&vol, 0..lines, lines + n..lines + 2 * n, a.line_size)?;
     Ok(AdmitRow {
+        hits_beside,
         cache_size: size,
         line_size: a.line_size,
         lines,
@@ -187,6 +212,71 @@ pub fn admit(a: &EngineArgs, size: u64, scratch: &Scratch) -> Result<AdmitRow> {
         fill_lines_per_sec: (lines - n) as f64 / fill_secs,
         metadata,
     })
+}
+
+/// At most this many reads are timed per reader series.
+const MAX_READER_SAMPLES: usize = 1 << 20;
+
+/// `Beside`: `reads` of random cached lines alone (as many as the writer will take, at most
+/// `writes`' count), then again while one thread writes once to each line of `writes`.
+fn beside(vol: &Volume, cached: Range<u64>, writes: Range<u64>, line_size: u64) -> Result<Beside> {
+    let count = (writes.end - writes.start) as usize;
+    let reader_alone = Latency::of(reader(
+        vol,
+        &cached,
+        line_size,
+        count,
+        &AtomicBool::new(false),
+    )?);
+    let stop = AtomicBool::new(false);
+    let (read_nanos, write_nanos) = std::thread::scope(|s| {
+        let r = s.spawn(|| reader(vol, &cached, line_size, MAX_READER_SAMPLES, &stop));
+        let w = writer(vol, writes, line_size);
+        stop.store(true, Ordering::Relaxed);
+        let r = r.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (r, w)
+    });
+    Ok(Beside {
+        reader_alone,
+        reader_beside_writes: Latency::of(read_nanos?),
+        writer: Latency::of(write_nanos?),
+    })
+}
+
+/// Times reads of 4 KiB at random lines of `lines` until `stop` or `max` reads.
+fn reader(
+    vol: &Volume,
+    lines: &Range<u64>,
+    line_size: u64,
+    max: usize,
+    stop: &AtomicBool,
+) -> Result<Vec<u64>> {
+    let mut rng = SplitMix64(lines.end);
+    let mut buf = AlignedBuf::zeroed(WRITE_LEN);
+    let mut nanos = Vec::with_capacity(max.min(1 << 16));
+    while nanos.len() < max && !stop.load(Ordering::Relaxed) {
+        let line = lines.start + rng.below(lines.end - lines.start);
+        let t = Instant::now();
+        vol.read(line * line_size, &mut buf)
+            .with_context(|| format!("read of line {line} failed"))?;
+        nanos.push(t.elapsed().as_nanos() as u64);
+    }
+    Ok(nanos)
+}
+
+/// One timed 4 KiB write at the start of each line of `lines`.
+fn writer(vol: &Volume, lines: Range<u64>, line_size: u64) -> Result<Vec<u64>> {
+    let mut buf = AlignedBuf::zeroed(WRITE_LEN);
+    buf.fill(0xa5);
+    let mut nanos = Vec::with_capacity((lines.end - lines.start) as usize);
+    for line in lines {
+        buf[..8].copy_from_slice(&line.to_le_bytes());
+        let t = Instant::now();
+        vol.write(line * line_size, &buf, false)
+            .with_context(|| format!("write to line {line} failed"))?;
+        nanos.push(t.elapsed().as_nanos() as u64);
+    }
+    Ok(nanos)
 }
 
 /// The metadata measurement for one cache.
@@ -237,17 +327,8 @@ fn metadata_row(fc: &FileCache, size: u64, line_size: u64, fill_secs: f64) -> Me
 
 /// One 4 KiB write at the start of each line of `lines`, one at a time, each timed.
 fn timed_writes(fc: &FileCache, vol: &Volume, lines: Range<u64>, line_size: u64) -> Result<Timed> {
-    let mut buf = AlignedBuf::zeroed(WRITE_LEN);
-    buf.fill(0xa5);
-    let mut nanos = Vec::with_capacity((lines.end - lines.start) as usize);
     let (cache0, backing0) = (fc.cache_dev.times(), fc.backing_dev.times());
-    for line in lines {
-        buf[..8].copy_from_slice(&line.to_le_bytes());
-        let t = Instant::now();
-        vol.write(line * line_size, &buf, false)
-            .with_context(|| format!("write to line {line} failed"))?;
-        nanos.push(t.elapsed().as_nanos() as u64);
-    }
+    let nanos = writer(vol, lines, line_size)?;
     let cache = fc.cache_dev.times().since(&cache0);
     let backing = fc.backing_dev.times().since(&backing0);
     let latency = Latency::of(nanos);
@@ -497,7 +578,7 @@ fn reset_vmhwm() {
 }
 
 pub fn gib(bytes: u64) -> String {
-    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else {
         format!("{} MiB", bytes >> 20)

@@ -9,17 +9,18 @@ use super::EngineArgs;
 
 pub fn print_admit(rows: &[AdmitRow], header: bool) {
     if header {
-        println!("\nadmit: 4 KiB write-back writes to lines not in the cache (us per request; engine = total - device time)");
+        println!("\nadmit: 4 KiB write-back writes to lines not in the cache (us per request; engine = total - device time;");
+        println!("       hit p99: one thread's cache hits alone, and beside writes into the all-dirty cache, with their max)");
         println!(
-            "{:>8} {:>9} | {:>8} {:>8} {:>8} {:>8} | {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} | {:>8}",
+            "{:>8} {:>9} | {:>8} {:>8} {:>8} {:>8} | {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} | {:>8} | {:>9} {:>9} {:>9}",
             "cache", "lines", "free", "p50", "p99", "engine", "all-dirty", "p50", "p99",
-            "engine", "backing", "cache-dev", "fill s"
+            "engine", "backing", "cache-dev", "fill s", "hit p99", "beside", "max"
         );
     }
     for r in rows {
         let (f, d) = (&r.free, &r.all_dirty);
         println!(
-            "{:>8} {:>9} | {:>8.1} {:>8.1} {:>8.1} {:>8.1} | {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} | {:>8.1}",
+            "{:>8} {:>9} | {:>8.1} {:>8.1} {:>8.1} {:>8.1} | {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} | {:>8.1} | {:>9.1} {:>9.1} {:>9.1}",
             gib(r.cache_size),
             r.lines,
             f.latency.mean_us,
@@ -32,7 +33,10 @@ pub fn print_admit(rows: &[AdmitRow], header: bool) {
             d.breakdown.engine_us,
             d.breakdown.backing_device_us,
             d.breakdown.cache_device_us,
-            r.fill_secs
+            r.fill_secs,
+            r.hits_beside.reader_alone.p99_us,
+            r.hits_beside.reader_beside_writes.p99_us,
+            r.hits_beside.reader_beside_writes.max_us
         );
     }
 }
