@@ -99,6 +99,14 @@ def load_engine(res):
     return json.load(open(path)) if os.path.exists(path) else None
 
 
+def beside(r):
+    b = r.get("hits_beside")
+    if not b:
+        return "— | — |"
+    alone, near = b["reader_alone"], b["reader_beside_writes"]
+    return f"{alone['p99_us']:,.0f} | {near['p99_us']:,.0f} / {near['max_us']:,.0f} |"
+
+
 def engine_section(res):
     """Section 5: the engine core alone (`ssdcache-bench engine`), or nothing if it did not run."""
     e = load_engine(res)
@@ -120,16 +128,20 @@ def engine_section(res):
           "device calls (cache: data and journal writes; backing: the write-around): the map lock, the "
           "replacement policy's victim search, line locks and bookkeeping. µs per request.")
         w("")
+        w("The last two columns: one thread's cache hits (4 KiB reads of dirty lines) alone, and while another "
+          "thread writes into the all-dirty cache: a hit waits for the map lock that such a write holds "
+          "(on this machine's one virtio disk the two also share the device).")
+        w("")
         w("| cache | lines | free mean | free p99 | free engine | all dirty mean | p50 | p99 | "
-          "engine | backing write | fill (s) |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "engine | backing write | fill (s) | hit p99 alone | hit p99 / max beside |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in e["admit"]:
             f, d = r["free"], r["all_dirty"]
             w(f"| {fsize(r['cache_size'])} ({r['line_size'] >> 10} KiB lines) | {r['lines']:,} | "
               f"{f['latency']['mean_us']:,.1f} | {f['latency']['p99_us']:,.1f} | {f['breakdown']['engine_us']:,.1f} | "
               f"**{d['latency']['mean_us']:,.1f}** | {d['latency']['p50_us']:,.1f} | {d['latency']['p99_us']:,.1f} | "
               f"**{d['breakdown']['engine_us']:,.1f}** | {d['breakdown']['backing_device_us']:,.1f} | "
-              f"{r['fill_secs']:,.1f} |")
+              f"{r['fill_secs']:,.1f} | {beside(r)}")
         w("")
     h = e.get("hits")
     if h:
