@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use ssdcache_device::{AlignedBuf, BlockDevice, MemDevice, SplitMix64};
+use ssdcache_device::{AlignedBuf, BlockDevice, SplitMix64};
+use ssdcache_devsim::MemDevice;
 use ssdcache_engine::{Cache, Volume};
 use ssdcache_format::CacheMode;
 
