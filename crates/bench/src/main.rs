@@ -50,8 +50,8 @@ enum Command {
     /// the HDD model; compare with the model's time for a naive destage (one write at a time,
     /// in arrival order)
     Destage(DestageArgs),
-    /// The engine core alone (no NBD): write admission with free slots and with every line
-    /// dirty by cache size, cache-hit reads per second by thread count, metadata bytes per line
+    // The engine core alone: its help text is on `EngineArgs` (a doc comment here would
+    // replace its long help).
     Engine(engine_bench::EngineArgs),
     /// A verifying NBD load: N connections × queue depth D of random READ, WRITE (some FUA),
     /// TRIM, WRITE_ZEROES and FLUSH, every read checked against a model of the export

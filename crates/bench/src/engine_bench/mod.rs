@@ -15,7 +15,7 @@ mod timed;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use ssdcache_device::BlockDevice;
 use ssdcache_engine::{format, read_superblock, Cache, NewVolume, Volume};
@@ -45,14 +45,17 @@ admit: for each --sizes, a write-back cache on a sparse file in --tmp (backing: 
 twice its size, both O_DIRECT). Times --writes single 4 KiB writes to lines not in the cache \
 while slots are free, then fills every line with dirty data (one 4 KiB write per line, \
 --fill-threads threads, progress on stderr) and times --writes more such writes with every \
-line dirty (they find no victim and go to the backing device). Each request's time is split \
+line dirty (they find no victim and go to the backing device). With --dirty-limit below 1 \
+the fill makes only that share dirty and the rest clean (read misses), and the timed writes \
+meet the full cache at its dirty limit. Each request's time is split \
 into cache-device time (data and journal writes), backing-device time and the rest: the \
 engine's own work (map lock, policy, bookkeeping).\n\n\
 hits: an in-memory cache (--hit-cache-size, write-through, memory backing) with every line \
 cached; for each --threads, T threads read random 4 KiB blocks for --seconds: requests per \
 second in total and per thread. Thread counts above the machine's CPUs are oversubscribed and \
 say so.\n\n\
-metadata: for each --metadata SIZE:LINE, a cache filled with dirty data through the engine; \
+metadata: for each --metadata SIZE:LINE, a cache filled through the engine (every line dirty, or \
+up to --dirty-limit and the rest clean); \
 the heap bytes it holds (a counting allocator: live after the fill minus live before the \
 format) per line and as a share of the cache size, plus VmRSS/VmHWM for reference. A case \
 that admit already filled (same size and line size) is taken from there.\n\n\
@@ -77,11 +80,16 @@ pub struct EngineArgs {
     /// admit: cache line size
     #[arg(long, value_parser = parse_size, default_value = "64KiB")]
     pub line_size: u64,
-    /// admit: timed writes per state (free slots, all dirty); at most the cache's line count
-    #[arg(long, default_value_t = 2000)]
+    /// admit: timed writes per series (free slots, all dirty, beside a reader); at most a third
+    /// of the cache's lines
+    #[arg(long, default_value_t = 2000, value_parser = parse_count)]
     pub writes: usize,
-    /// admit, metadata: threads writing the fill
-    #[arg(long, default_value_t = 8)]
+    /// admit, metadata: the share of lines that may be dirty (the engine's dirty limit). The
+    /// fill makes that many lines dirty and the rest clean (read misses); 1 = every line dirty
+    #[arg(long, default_value_t = 1.0, value_parser = parse_share)]
+    pub dirty_limit: f64,
+    /// admit, metadata: threads of the fill
+    #[arg(long, default_value_t = 8, value_parser = parse_threads)]
     pub fill_threads: usize,
     /// Folder for the sparse cache and backing files (a disk filesystem: O_DIRECT, not tmpfs)
     #[arg(long, default_value = "/var/tmp")]
@@ -96,10 +104,10 @@ pub struct EngineArgs {
     #[arg(long, value_parser = parse_size, default_value = "64KiB")]
     pub hit_line_size: u64,
     /// hits: thread counts, comma-separated, each run for --seconds
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = parse_threads)]
     pub threads: Vec<usize>,
     /// hits: seconds per thread count
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
     pub seconds: f64,
     /// metadata: caches as SIZE:LINE_SIZE, comma-separated
     #[arg(long, value_delimiter = ',', value_parser = parse_meta_case,
@@ -136,6 +144,38 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         Some(0) => Err(format!("{s:?}: a size must be above zero")),
         Some(bytes) => Ok(bytes),
         None => Err(format!("{s:?} is too large")),
+    }
+}
+
+fn parse_share(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!(
+            "{s:?}: give a share above 0 and at most 1, e.g. 0.8"
+        )),
+    }
+}
+
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 600.0 => Ok(x),
+        _ => Err(format!("{s:?}: give seconds above 0 and at most 600")),
+    }
+}
+
+/// A thread count: 1 to 256 (a bound on the threads a run starts).
+fn parse_threads(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: give a thread count from 1 to 256")),
+    }
+}
+
+/// A count of timed requests: 1 to 10 million (bounds the run's time and its sample memory).
+fn parse_count(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: give a count from 1 to 10000000")),
     }
 }
 
@@ -220,22 +260,8 @@ pub fn counter(vol: &Volume, name: &str) -> Result<u64> {
     Ok(vol.stats().counters.0[at])
 }
 
-fn check_args(a: &EngineArgs) -> Result<()> {
-    if !(a.seconds > 0.0 && a.seconds <= 600.0) {
-        bail!("--seconds must be above 0 and at most 600");
-    }
-    if a.threads.iter().any(|&t| t == 0 || t > 256) || a.fill_threads == 0 || a.fill_threads > 256 {
-        bail!("--threads and --fill-threads take counts from 1 to 256");
-    }
-    if a.writes == 0 {
-        bail!("--writes must be at least 1");
-    }
-    Ok(())
-}
-
 /// Runs the measurements `a.only` names, prints their tables, writes the JSON.
 pub fn run(a: &EngineArgs) -> Result<()> {
-    check_args(a)?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let needs_files = a.only.contains(&Part::Admit) || a.only.contains(&Part::Metadata);
     let scratch = needs_files.then(|| Scratch::create(&a.tmp)).transpose()?;
