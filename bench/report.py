@@ -137,7 +137,10 @@ def engine_section(res):
         w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in e["admit"]:
             f, d = r["free"], r["all_dirty"]
-            w(f"| {fsize(r['cache_size'])} ({r['line_size'] >> 10} KiB lines) | {r['lines']:,} | "
+            limit = r.get("dirty_limit", 1.0)
+            cache = f"{fsize(r['cache_size'])} ({r['line_size'] >> 10} KiB lines"
+            cache += ")" if limit >= 1 else f", dirty limit {limit:.0%}: the rest clean)"
+            w(f"| {cache} | {r['lines']:,} | "
               f"{f['latency']['mean_us']:,.1f} | {f['latency']['p99_us']:,.1f} | {f['breakdown']['engine_us']:,.1f} | "
               f"**{d['latency']['mean_us']:,.1f}** | {d['latency']['p50_us']:,.1f} | {d['latency']['p99_us']:,.1f} | "
               f"**{d['breakdown']['engine_us']:,.1f}** | {d['breakdown']['backing_device_us']:,.1f} | "

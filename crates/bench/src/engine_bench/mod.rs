@@ -300,3 +300,41 @@ pub fn run(a: &EngineArgs) -> Result<()> {
 fn scratch_of(s: &Option<Scratch>) -> Result<&Scratch> {
     s.as_ref().context("no scratch folder was created")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("2tib"), Ok(2 << 40));
+        for bad in ["", "0", "1X", "GiB", "1.5GiB", "99999999999999999999"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
+    fn metadata_cases_need_both_sizes() {
+        assert_eq!(
+            parse_meta_case("64GiB:64KiB"),
+            Ok(MetaCase {
+                cache_size: 64 << 30,
+                line_size: 64 << 10
+            })
+        );
+        assert!(parse_meta_case("64GiB").is_err());
+        assert!(parse_meta_case("64GiB:").is_err());
+    }
+
+    #[test]
+    fn shares_and_counts_are_bounded() {
+        assert_eq!(parse_share("0.8"), Ok(0.8));
+        assert!(parse_share("0").is_err() && parse_share("1.5").is_err());
+        assert!(parse_threads("0").is_err() && parse_threads("257").is_err());
+        assert!(parse_count("0").is_err() && parse_seconds("601").is_err());
+    }
+}
