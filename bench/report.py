@@ -9,7 +9,9 @@
 
 Section 1 (the cache over the HDD model, issue 3) is built by hddreport.section() from
 RESULTS_DIR/hdd/; section 2 (cache-hit reads) from RESULTS_DIR/*.meta.json; section 3
-(write-back) by wbreport.section() from RESULTS_DIR/wb/.
+(write-back) by wbreport.section() from RESULTS_DIR/wb/; section 4 (simulator speed) by
+simreport.section(); section 5 (engine core) by engine_section() from RESULTS_DIR/engine/engine.json
+(written by `ssdcache-bench engine`).
 """
 import glob
 import json
@@ -88,6 +90,113 @@ def summary(res):
         print(f"ssdcache / nbdkit file cache=none = {ratio(med['ssdcache']['iops'], med[APPLES]['iops']):.2f}x")
 
 
+def fsize(b):
+    return f"{b >> 30} GiB" if b >= 1 << 30 and b % (1 << 30) == 0 else f"{b >> 20} MiB"
+
+
+def load_engine(res):
+    path = os.path.join(res, "engine", "engine.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def beside(r):
+    b = r.get("hits_beside")
+    if not b:
+        return "— | — |"
+    alone, near = b["reader_alone"], b["reader_beside_writes"]
+    return f"{alone['p99_us']:,.0f} | {near['p99_us']:,.0f} / {near['max_us']:,.0f} |"
+
+
+def engine_section(res):
+    """Section 5: the engine core alone (`ssdcache-bench engine`), or nothing if it did not run."""
+    e = load_engine(res)
+    if not e:
+        return []
+    out = ["## 5. Engine core (issue 11)", ""]
+    w = out.append
+    w("The engine alone through its API (`ssdcache-bench engine`: no NBD, no cleaner, one request at a "
+      f"time unless said otherwise), replacement policy {e['policy']}, on this machine's {e['cpus']} CPUs.")
+    w("")
+    if e["admit"]:
+        w("### Admitting a write: free slots against every line dirty")
+        w("")
+        w(f"A write-back cache on a sparse file (O_DIRECT) in front of a sparse backing file twice its size. "
+          f"{e['writes']:,} single 4 KiB non-zero writes to lines not in the cache, one at a time: first into "
+          "the empty cache (**free** slots), then, after every line was filled with dirty data, with **all "
+          "lines dirty**: such a write finds no clean line to evict and goes to the backing device "
+          "(`bytes_written_around_full`, checked). *Engine* is the request's time minus the time spent in "
+          "device calls (cache: data and journal writes; backing: the write-around): the map lock, the "
+          "replacement policy's victim search, line locks and bookkeeping. µs per request.")
+        w("")
+        w("The last two columns: one thread's cache hits (4 KiB reads of dirty lines) alone, and while another "
+          "thread writes into the all-dirty cache: a hit waits for the map lock that such a write holds "
+          "(on this machine's one virtio disk the two also share the device).")
+        w("")
+        w("| cache | lines | free mean | free p99 | free engine | all dirty mean | p50 | p99 | "
+          "engine | backing write | fill (s) | hit p99 alone | hit p99 / max beside |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in e["admit"]:
+            f, d = r["free"], r["all_dirty"]
+            limit = r.get("dirty_limit", 1.0)
+            cache = f"{fsize(r['cache_size'])} ({r['line_size'] >> 10} KiB lines"
+            cache += ")" if limit >= 1 else f", dirty limit {limit:.0%}: the rest clean)"
+            w(f"| {cache} | {r['lines']:,} | "
+              f"{f['latency']['mean_us']:,.1f} | {f['latency']['p99_us']:,.1f} | {f['breakdown']['engine_us']:,.1f} | "
+              f"**{d['latency']['mean_us']:,.1f}** | {d['latency']['p50_us']:,.1f} | {d['latency']['p99_us']:,.1f} | "
+              f"**{d['breakdown']['engine_us']:,.1f}** | {d['breakdown']['backing_device_us']:,.1f} | "
+              f"{r['fill_secs']:,.1f} | {beside(r)}")
+        w("")
+    h = e.get("hits")
+    if h:
+        w("### Cache-hit reads by thread count")
+        w("")
+        w(f"An in-memory cache ({fsize(h['cache_size'])}, {h['line_size'] >> 10} KiB lines, every line cached, "
+          f"memory backing); T threads each read random 4 KiB blocks for {e['seconds']:g} s; every read is "
+          f"checked to be a hit by the volume's counters. The machine has {h['cpus']} CPUs: more threads than "
+          "that only show what contention costs.")
+        w("")
+        w("| threads | requests/s | per thread | µs per request (one thread's view) |")
+        w("|---:|---:|---:|---:|")
+        for r in h["runs"]:
+            note = " (more threads than CPUs)" if r["oversubscribed"] else ""
+            w(f"| {r['threads']}{note} | {r['requests_per_sec']:,.0f} | {r['per_thread_per_sec']:,.0f} | "
+              f"{r['mean_us']:.2f} |")
+        w("")
+    if e["metadata"]:
+        w("### Metadata held in RAM")
+        w("")
+        w("Heap bytes the engine holds for a cache with every line dirty: live heap after the fill minus "
+          "before the format, counted by the benchmark's global allocator (map, per-slot arrays, policy, "
+          "dirty index, journal buffers). Fixed costs are included, so small caches overstate the per-line "
+          "figure. Issue 11's target: at most 0.1% of the cache size at 64 KiB lines.")
+        w("")
+        w("| cache | line size | lines | heap | bytes per line | % of cache | peak heap | VmHWM |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in e["metadata"]:
+            w(f"| {fsize(r['cache_size'])} | {r['line_size'] >> 10} KiB | {r['lines']:,} | "
+              f"{r['heap_bytes'] / 1048576:,.1f} MiB | **{r['bytes_per_line']:.1f}** | "
+              f"**{r['percent_of_cache']:.3f}%** | {r['heap_peak_bytes'] / 1048576:,.1f} MiB | "
+              f"{r['vmhwm_kib'] / 1024:,.1f} MiB |")
+        w("")
+    return out
+
+
+def engine_summary(res):
+    e = load_engine(res)
+    if not e:
+        return
+    for r in e["admit"]:
+        print(f"engine admit {fsize(r['cache_size'])}: free {r['free']['latency']['mean_us']:.1f} us, "
+              f"all dirty {r['all_dirty']['latency']['mean_us']:.1f} us "
+              f"(engine {r['all_dirty']['breakdown']['engine_us']:.1f} us)")
+    if e.get("hits"):
+        print("engine hits: " + ", ".join(f"{r['threads']} threads {r['requests_per_sec']:,.0f}/s"
+                                          for r in e["hits"]["runs"]))
+    for r in e["metadata"]:
+        print(f"engine metadata {fsize(r['cache_size'])} / {r['line_size'] >> 10} KiB lines: "
+              f"{r['bytes_per_line']:.1f} B/line, {r['percent_of_cache']:.3f}% of the cache")
+
+
 def main():
     args = sys.argv[1:]
     if args[0] == "--summary":
@@ -96,6 +205,7 @@ def main():
             hddreport.summary(args[1])
         if os.path.isdir(os.path.join(args[1], "wb")):
             wbreport.summary(args[1])
+        engine_summary(args[1])
         return
     if args[0] == "--compare-summary":
         if os.path.isdir(os.path.join(args[2], "hdd")):
@@ -312,6 +422,7 @@ def main():
         out.extend(wbreport.section(res, env, compare))
         commands = wbreport.other_commands(commands)   # section 3 lists its own
     out.extend(simreport.section(res))
+    out.extend(engine_section(res))
     w("## Commands")
     w("")
     w("As run by `bench/run` (`$T` is the scratch folder, `.` the repository; RESULT.json is one file per run"

@@ -1,9 +1,12 @@
 //! `ssdcache-bench`: engine-level measurements for bench/run, where NBD would only add noise:
 //! how fast the cleaner destages dirty data onto the HDD model (against a naive one-at-a-time
 //! destage in arrival order), and how long recovery after a crash takes for a cache full of
-//! dirty data. Prints one JSON object. And `nbd-load`/`nbd-verify`: a verifying NBD load
-//! generator for a running `ssdcache serve` (see nbd_load/mod.rs).
+//! dirty data. Prints one JSON object. `engine`: the engine core alone — write admission with
+//! free slots and with every line dirty, cache-hit reads by thread count, metadata per line
+//! (see engine_bench/mod.rs). And `nbd-load`/`nbd-verify`: a verifying NBD load generator for a
+//! running `ssdcache serve` (see nbd_load/mod.rs).
 
+mod engine_bench;
 mod nbd_load;
 
 use std::path::{Path, PathBuf};
@@ -18,6 +21,10 @@ use ssdcache_devsim::hdd::{HddDevice, HddModel, HddParams};
 use ssdcache_devsim::{Op, RecordingDevice};
 use ssdcache_engine::{format, read_superblock, Cache, CleanerConfig, NewVolume};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
+
+/// Counts live heap bytes, for `engine`'s metadata measurement (relaxed atomics: cheap).
+#[global_allocator]
+static ALLOCATOR: engine_bench::alloc::CountingAlloc = engine_bench::alloc::CountingAlloc;
 
 #[derive(Parser)]
 #[command(
@@ -43,12 +50,15 @@ enum Command {
     /// the HDD model; compare with the model's time for a naive destage (one write at a time,
     /// in arrival order)
     Destage(DestageArgs),
-    /// Fill a cache with dirty data (every line, whole), crash (no shutdown), time the restart
+    // The engine core alone: its help text is on `EngineArgs` (a doc comment here would
+    // replace its long help).
+    Engine(engine_bench::EngineArgs),
     /// A verifying NBD load: N connections × queue depth D of random READ, WRITE (some FUA),
     /// TRIM, WRITE_ZEROES and FLUSH, every read checked against a model of the export
     NbdLoad(nbd_load::LoadArgs),
     /// Read a whole NBD export back (twice) and check it against a model saved by nbd-load
     NbdVerify(nbd_load::VerifyArgs),
+    /// Fill a cache with dirty data (every line, whole), crash (no shutdown), time the restart
     Recovery {
         #[arg(long)]
         cache: PathBuf,
@@ -64,6 +74,7 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Destage(a) => destage(&a),
+        Command::Engine(a) => engine_bench::run(&a),
         Command::NbdLoad(a) => nbd_load::load(&a),
         Command::NbdVerify(a) => nbd_load::verify(&a),
         Command::Recovery {
