@@ -18,8 +18,16 @@ pub fn line_key(volume: u16, line: u64) -> LineKey {
 
 #[derive(Default)]
 struct Shard {
-    held: Mutex<HashSet<LineKey>>,
+    held: Mutex<Held>,
     freed: Condvar,
+}
+
+/// A shard's held lines, and how many requests wait for one of them: an unlock wakes waiters
+/// only when there are some (a wake is a system call, and most unlocks have no waiter).
+#[derive(Default)]
+struct Held {
+    keys: HashSet<LineKey>,
+    waiters: usize,
 }
 
 pub struct LineLocks {
@@ -31,7 +39,7 @@ fn shard_of(key: LineKey) -> usize {
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
 }
 
-fn lock_set(shard: &Shard) -> MutexGuard<'_, HashSet<LineKey>> {
+fn lock_set(shard: &Shard) -> MutexGuard<'_, Held> {
     // A panic while holding this mutex leaves the set consistent (insert/remove only).
     shard.held.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -49,10 +57,12 @@ impl LineLocks {
             let key = line_key(volume, line);
             let shard = &self.shards[shard_of(key)];
             let mut held = lock_set(shard);
-            while held.contains(&key) {
+            while held.keys.contains(&key) {
+                held.waiters += 1;
                 held = shard.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+                held.waiters -= 1;
             }
-            held.insert(key);
+            held.keys.insert(key);
         }
         RangeGuard {
             locks: self,
@@ -63,7 +73,7 @@ impl LineLocks {
     }
 
     pub fn is_held(&self, key: LineKey) -> bool {
-        lock_set(&self.shards[shard_of(key)]).contains(&key)
+        lock_set(&self.shards[shard_of(key)]).keys.contains(&key)
     }
 }
 
@@ -85,8 +95,11 @@ impl Drop for RangeGuard<'_> {
         for line in self.first..=self.last {
             let key = line_key(self.volume, line);
             let shard = &self.locks.shards[shard_of(key)];
-            lock_set(shard).remove(&key);
-            shard.freed.notify_all();
+            let mut held = lock_set(shard);
+            held.keys.remove(&key);
+            if held.waiters > 0 {
+                shard.freed.notify_all();
+            }
         }
     }
 }
