@@ -49,6 +49,11 @@ expect_status 2 "serve --threads 0" "threads" \
     "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/s.sock" --threads 0
 expect_status 2 "serve without a cache" "no cache given" \
     "$SSDCACHE_BIN" serve --socket "$TEST_DIR/s.sock"
+expect_status 2 "serve --dirty-limit 120" "dirty-limit must be a percentage" \
+    "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/s.sock" --dirty-limit 120
+printf 'dirty_limit = -5\n' >dirty.toml
+expect_status 2 "serve with dirty_limit = -5 in its config file" "dirty-limit must be a percentage" \
+    "$SSDCACHE_BIN" serve --config dirty.toml --cache cache.img --socket "$TEST_DIR/s.sock"
 expect_status 2 "serve --record-sample without --record-trace" "need --record-trace" \
     "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/s.sock" --record-sample 0.5
 printf 'cahce = "cache.img"\n' >typo.toml
@@ -123,6 +128,10 @@ expect_status 2 "simulate --cache-size 0 (clap)" "cache size must be above 0" \
     "$SSDCACHE_BIN" simulate --trace "$TEST_DIR/none.trace" --cache-size 0
 expect_status 1 "simulate a missing trace" "none.trace" \
     "$SSDCACHE_BIN" simulate --trace "$TEST_DIR/none.trace" --cache-size 1GiB
+expect_status 2 "simulate --writeback-low above --writeback-high" "must not be above --writeback-high" \
+    "$SSDCACHE_BIN" simulate --trace "$TEST_DIR/none.trace" --mode write-back --writeback-high 30 --writeback-low 50
+expect_status 2 "simulate --writeback-rate 0" "writeback-rate 0 would never" \
+    "$SSDCACHE_BIN" simulate --trace "$TEST_DIR/none.trace" --mode write-back --writeback-rate 0
 expect_status 2 "advise --target-hit-ratio 2 (clap)" "hit ratio" \
     "$SSDCACHE_BIN" advise --trace "$TEST_DIR/none.trace" --target-hit-ratio 2
 expect_status 1 "advise on a missing trace" "none.trace" \

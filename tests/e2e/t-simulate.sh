@@ -63,6 +63,21 @@ assert int(big["2-hit"]["not_admitted_refs"]) > 0 and int(big["always"]["not_adm
 print("write-back rows consistent")
 EOF
 
+    log "$label: simulate: the dirty limit and a slow cleaner (write-back model)"
+    ssd simulate --trace "$writes" --policy lru --cache-size 50% --mode write-back \
+        --dirty-limit 10 --writeback-rate 4KiB --csv >limited.csv
+    python3 - limited.csv <<'EOF' || fail "$label: the dirty limit was not kept"
+import csv, sys
+(r,) = list(csv.DictReader(open(sys.argv[1])))
+lines = int(r["cache_lines"])
+assert float(r["peak_dirty_share"]) <= 0.10 + 1.0 / lines, r
+assert int(r["written_around_refs"]) > 0, r
+assert int(r["overwrite_refs"]) <= int(r["write_refs"]), r
+print("dirty limit kept: peak", r["peak_dirty_share"], "around", r["written_around_refs"])
+EOF
+    table=$(ssd simulate --trace "$writes" --policy lru --cache-size 50% --mode write-back)
+    assert_contains "$table" "absorbed%" "the write-back table"
+
     log "$label: advise: the size it names reaches $target in simulate"
     adv=$(ssd advise --trace "$writes" --target-hit-ratio "$target" --capacity 4TB --ssd-tbw 600 --json)
     size=$(jq -r '.recommended.cache_bytes' <<<"$adv")
