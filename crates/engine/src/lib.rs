@@ -7,6 +7,7 @@ pub mod admission;
 mod cache;
 pub mod cleaner;
 mod commit;
+mod counters;
 mod error;
 mod journal;
 mod locks;

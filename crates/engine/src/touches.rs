@@ -28,7 +28,7 @@ impl TouchLog {
     /// Records a use of `slot`. Returns the stripe's log when this use filled it: the caller
     /// hands it to the policy (`MapState::apply_touches`) and gives it back (`recycle`).
     pub fn record(&self, slot: u32) -> Option<Vec<u32>> {
-        let stripe = &self.stripes[stripe_of_this_thread()];
+        let stripe = &self.stripes[thread_index() % STRIPES];
         let mut log = stripe.lock().unwrap_or_else(|p| p.into_inner());
         log.push(slot);
         if log.len() < STRIPE_CAPACITY {
@@ -41,7 +41,7 @@ impl TouchLog {
     /// stripes do not allocate again.
     pub fn recycle(&self, mut log: Vec<u32>) {
         log.clear();
-        let stripe = &self.stripes[stripe_of_this_thread()];
+        let stripe = &self.stripes[thread_index() % STRIPES];
         let mut current = stripe.lock().unwrap_or_else(|p| p.into_inner());
         if current.capacity() < STRIPE_CAPACITY {
             log.extend_from_slice(&current);
@@ -62,19 +62,20 @@ impl TouchLog {
     }
 }
 
-/// A stripe per thread, fixed for the thread's life.
-fn stripe_of_this_thread() -> usize {
+/// A number per thread, fixed for the thread's life and handed out in turn, for picking a
+/// stripe (`% stripes`): threads started one after another land on different stripes.
+pub(crate) fn thread_index() -> usize {
     use std::cell::Cell;
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    STRIPE.with(|s| {
-        if s.get() == usize::MAX {
-            s.set(NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES);
+    INDEX.with(|i| {
+        if i.get() == usize::MAX {
+            i.set(NEXT.fetch_add(1, Ordering::Relaxed));
         }
-        s.get()
+        i.get()
     })
 }
 

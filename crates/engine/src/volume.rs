@@ -10,9 +10,10 @@ use ssdcache_format::{
 use crate::admission::{Admission, NHitAdmission, Streams};
 use crate::cache::{CacheCore, Mismatch};
 use crate::commit::{Backing, CommitPurpose};
+use crate::counters::StripedCounters;
 use crate::error::{EngineError, Result};
 use crate::map::MapState;
-use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicU8, Ordering};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
@@ -134,7 +135,7 @@ pub struct Volume {
     admission: Admission,
     /// The N-hit miss table; `None` under `always` admission.
     admission_table: Option<Mutex<NHitAdmission>>,
-    counters: [AtomicU64; VolumeCounters::COUNT],
+    counters: StripedCounters<{ VolumeCounters::COUNT }>,
 }
 
 fn mode_code(m: CacheMode) -> u8 {
@@ -195,7 +196,7 @@ impl Volume {
             streams: Streams::new(slot.sequential_cutoff),
             admission,
             admission_table: admission.table(lines).map(Mutex::new),
-            counters: slot.counters.0.map(AtomicU64::new),
+            counters: StripedCounters::new(slot.counters.0),
         }
     }
 
@@ -299,13 +300,11 @@ impl Volume {
     }
 
     fn count(&self, c: Counter, n: u64) {
-        self.counters[c as usize].fetch_add(n, Ordering::Relaxed);
+        self.counters.add(c as usize, n);
     }
 
     pub fn counters(&self) -> VolumeCounters {
-        VolumeCounters(std::array::from_fn(|i| {
-            self.counters[i].load(Ordering::Relaxed)
-        }))
+        VolumeCounters(self.counters.totals())
     }
 
     pub fn stats(&self) -> VolumeStats {
@@ -391,8 +390,8 @@ impl Volume {
     /// Counts a cache-device error and, past the limit (or at once in write-back, where the
     /// cache may hold the only copy of data), stops using the cache for new data.
     fn cache_failed(&self, source: std::io::Error) {
-        let errors =
-            self.counters[Counter::CacheErrors as usize].fetch_add(1, Ordering::Relaxed) + 1;
+        self.count(Counter::CacheErrors, 1);
+        let errors = self.counters.total(Counter::CacheErrors as usize);
         tracing::warn!(volume = %self.name, "{}", self.core.cache_err(source));
         let write_back = self.mode() == CacheMode::WriteBack
             || self.core.map().occupancy(self.id).dirty_lines > 0;
