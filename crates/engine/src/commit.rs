@@ -44,6 +44,11 @@ pub(crate) struct Backing {
     writeback_ended: Condvar,
 }
 
+/// Whether `(start, end)` overlaps any of `ranges`.
+fn overlaps_any(ranges: &[(u64, u64)], (start, end): (u64, u64)) -> bool {
+    ranges.iter().any(|&(s, e)| s < end && start < e)
+}
+
 /// A writeback of the cleaner in flight on a backing device; ends when dropped.
 pub(crate) struct WritebackInFlight<'a> {
     backing: &'a Backing,
@@ -80,13 +85,19 @@ impl Backing {
 
     /// Marks `[offset, offset + len)` as being written back by the cleaner until the returned
     /// guard is dropped. The cleaner takes it while it still holds the range's lines, having
-    /// read and checked the dirty data, then releases the lines and writes.
+    /// read and checked the dirty data, then releases the lines and writes. An overlapping
+    /// writeback still in flight (another batch: a drain beside the cleaner thread) is waited
+    /// for first: its data is older than what this one read (it was read before the lines were
+    /// released to the writes this one carries), so it must land first (review11 R11-1). It
+    /// holds no lock, so the wait ends when its device write returns.
     pub fn begin_writeback(&self, offset: u64, len: u64) -> WritebackInFlight<'_> {
         let range = (offset, offset.saturating_add(len));
-        self.writebacks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(range);
+        let ranges = self.writebacks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ranges = self
+            .writeback_ended
+            .wait_while(ranges, |ranges| overlaps_any(ranges, range))
+            .unwrap_or_else(|p| p.into_inner());
+        ranges.push(range);
         WritebackInFlight {
             backing: self,
             range,
@@ -97,15 +108,11 @@ impl Backing {
     /// writes to the backing device call it holding their lines, so no new writeback of the
     /// range can start meanwhile; one in flight ends when its device write returns.
     pub fn wait_for_writebacks(&self, offset: u64, len: u64) {
-        let end = offset.saturating_add(len);
+        let range = (offset, offset.saturating_add(len));
         let ranges = self.writebacks.lock().unwrap_or_else(|p| p.into_inner());
         let _ranges = self
             .writeback_ended
-            .wait_while(ranges, |ranges| {
-                ranges
-                    .iter()
-                    .any(|&(start, stop)| start < end && offset < stop)
-            })
+            .wait_while(ranges, |ranges| overlaps_any(ranges, range))
             .unwrap_or_else(|p| p.into_inner());
     }
 
