@@ -242,7 +242,7 @@ fn print_stats(r: &StatsReport) {
         );
         if c("bytes_cleaned") + c("bytes_written_around_full") > 0 {
             println!(
-                "  written back {:>12}   written around (cache full of dirty data) {}",
+                "  written back {:>12}   written around (at the dirty limit) {}",
                 human(c("bytes_cleaned")),
                 human(c("bytes_written_around_full"))
             );
