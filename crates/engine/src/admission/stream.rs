@@ -27,6 +27,35 @@ struct Stream {
     /// Bytes moved in exact continuation.
     run: u64,
     last_used: u64,
+    /// A request that arrived a little ahead of `next` (a deep queue's requests swap places)
+    /// left a gap from `gap_start`; its `pending` bytes count once a request fills the gap.
+    gap_start: u64,
+    pending: u64,
+}
+
+impl Stream {
+    /// Counts a request that continues or lands near this stream. Only an exact continuation
+    /// (or the request that fills a gap a slightly early one left) is evidence of a stream. A
+    /// request a little ahead (by at most its own length) is held until the
+    /// gap behind it is filled: a deep queue swaps neighbouring requests, and a stream whose
+    /// every pair arrives swapped is still a stream. Any other request that merely lands nearby
+    /// (random I/O in a small region) halves the evidence, so random requests that now and
+    /// then continue one another do not add up.
+    fn record(&mut self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len);
+        if offset == self.next {
+            self.run += len;
+        } else if self.pending > 0 && offset == self.gap_start {
+            self.run += len + std::mem::take(&mut self.pending);
+        } else if offset > self.next && offset - self.next <= len {
+            self.gap_start = self.next;
+            self.pending = len;
+        } else {
+            self.run /= 2;
+            self.pending = 0;
+        }
+        self.next = self.next.max(end);
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -52,20 +81,28 @@ impl StreamDetector {
         self.cutoff
     }
 
-    /// Takes out the stream that a request at `offset` of `len` bytes would continue (exactly,
-    /// else nearby), for `Streams` to hand it to the next region's detector.
-    fn take_continued(&mut self, offset: u64, len: u64) -> Option<Stream> {
+    /// Whether a request at `offset` continues one of the streams exactly.
+    fn continues_exactly(&self, offset: u64) -> bool {
+        self.streams.iter().any(|s| s.run > 0 && offset == s.next)
+    }
+
+    /// Takes out the stream that has crossed into the region starting at `region_start`, as a
+    /// request at `offset` of `len` bytes shows: one it continues exactly, else one that has
+    /// reached the region already (its `next` is in it) and that the request lands near. A
+    /// stream still short of the region stays, whatever lands near it: another stream ahead,
+    /// or a random request past the boundary, must not take it.
+    fn take_crossing(&mut self, offset: u64, len: u64, region_start: u64) -> Option<Stream> {
         let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
         let exact = self
             .streams
             .iter()
             .position(|s| s.run > 0 && offset == s.next);
-        let near = || {
-            self.streams
-                .iter()
-                .position(|s| s.run > 0 && offset.abs_diff(s.next) <= slack)
+        let crossed = || {
+            self.streams.iter().position(|s| {
+                s.run > 0 && s.next >= region_start && offset.abs_diff(s.next) <= slack
+            })
         };
-        let i = exact.or_else(near)?;
+        let i = exact.or_else(crossed)?;
         Some(std::mem::take(&mut self.streams[i]))
     }
 
@@ -92,22 +129,17 @@ impl StreamDetector {
         let streams = &mut self.streams;
         let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
         let continues = |s: &Stream| s.run > 0 && offset.abs_diff(s.next) <= slack;
-        // The stream this request continues exactly, else one it lands near: a stream must not
-        // be taken for a neighbour it merely passes (whose evidence the request would halve).
-        let exact = streams.iter().position(|s| s.run > 0 && offset == s.next);
+        // The stream this request continues exactly (or whose gap it fills), else one it lands
+        // near: a stream must not be taken for a neighbour it merely passes (whose evidence
+        // the request would halve).
+        let fills_gap = |s: &Stream| s.pending > 0 && offset == s.gap_start;
+        let exact = streams
+            .iter()
+            .position(|s| s.run > 0 && (offset == s.next || fills_gap(s)));
         let found = exact.or_else(|| streams.iter().position(continues));
         if let Some(s) = found.map(|i| &mut streams[i]) {
             let bypass = s.run >= cutoff;
-            // Only an exact continuation is evidence of a stream. A request that merely lands
-            // nearby (out of order, or random I/O in a small region) halves the evidence: a
-            // real stream with an occasional reordering still reaches the cutoff, random
-            // requests that now and then continue one another do not.
-            if offset == s.next {
-                s.run += len;
-            } else {
-                s.run /= 2;
-            }
-            s.next = s.next.max(offset.saturating_add(len));
+            s.record(offset, len);
             s.last_used = now;
             return bypass;
         }
@@ -116,6 +148,8 @@ impl StreamDetector {
                 next: offset + len,
                 run: len,
                 last_used: now,
+                gap_start: 0,
+                pending: 0,
             };
         }
         false
@@ -148,17 +182,28 @@ impl Streams {
             return false;
         }
         let region = offset >> REGION_SHIFT;
-        let in_region = offset & ((1 << REGION_SHIFT) - 1);
+        let region_start = region << REGION_SHIFT;
         let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
-        if region > 0 && in_region <= slack {
-            // A stream of the previous region may continue here: move it over (one lock at a
-            // time, so shards never wait for each other).
-            let taken = self.shard(region - 1).take_continued(offset, len);
+        // Held across the handover, so the stream's next request (on another thread) waits
+        // for it instead of starting a second copy of the stream here.
+        let mut own = self.shard(region);
+        if region > 0 && offset - region_start <= slack && !own.continues_exactly(offset) {
+            // A stream of the previous region may have crossed into this one: move it over.
+            // Only tried, never waited for: no thread waits for a second shard while holding
+            // one, so threads at different boundaries cannot wait for each other in a ring.
+            let previous = &self.shards[((region - 1) % SHARDS as u64) as usize];
+            let taken = match previous.try_lock() {
+                Ok(mut prev) => prev.take_crossing(offset, len, region_start),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    p.into_inner().take_crossing(offset, len, region_start)
+                }
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
             if let Some(stream) = taken {
-                self.shard(region).adopt(stream);
+                own.adopt(stream);
             }
         }
-        self.shard(region).bypass(offset, len)
+        own.bypass(offset, len)
     }
 
     fn shard(&self, region: u64) -> std::sync::MutexGuard<'_, StreamDetector> {
