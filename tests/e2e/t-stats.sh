@@ -30,6 +30,8 @@ log "stats at start: $(jq -c . <<<"$s0")"
 assert_eq "$(jq -r .source <<<"$s0")" live "stats source while serving"
 assert_eq "$(vol_field "$s0" vol0 mode)" write-through "stats mode"
 assert_eq "$(vol_field "$s0" vol0 occupancy_bytes)" 0 "occupancy of a fresh cache"
+lines=$(jq -r .lines <<<"$s0")
+assert_eq "$(jq -r .dirty_limit_lines <<<"$s0")" $((lines * 80 / 100)) "the default dirty limit: 80% of $lines lines"
 
 F=(reads writes read_hits read_misses bytes_from_cache bytes_from_backing bytes_to_cache bytes_to_backing occupancy_bytes)
 declare -A B

@@ -67,6 +67,9 @@ pub struct StatsReport {
     pub lines: u64,
     pub capacity_bytes: u64,
     pub volumes: Vec<VolumeReport>,
+    /// Live: the most lines that may be dirty (`serve --dirty-limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_limit_lines: Option<u64>,
     /// The workload recording of `serve --record-trace`, while the daemon records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<RecordStatus>,
@@ -114,6 +117,7 @@ fn stats_report(
         lines: l.line_count,
         capacity_bytes: l.line_count * l.line_size,
         volumes: vols.iter().map(volume_report).collect(),
+        dirty_limit_lines: None,
         recording: None,
     }
 }
@@ -126,6 +130,7 @@ pub fn live_stats(
     let vols: Vec<VolumeStats> = cache.volumes().iter().map(|v| v.stats()).collect();
     StatsReport {
         recording,
+        dirty_limit_lines: Some(cache.dirty_limit_lines()),
         ..stats_report("live", &cache.superblock(), cache_path, &vols)
     }
 }
@@ -181,6 +186,13 @@ fn print_stats(r: &StatsReport) {
         human(r.line_size),
         human(r.capacity_bytes)
     );
+    if let Some(limit) = r.dirty_limit_lines {
+        let dirty: u64 = r.volumes.iter().map(|v| v.dirty_lines).sum();
+        println!(
+            "dirty lines {dirty} of at most {limit} ({:.0}% of the cache: the dirty limit)",
+            100.0 * limit as f64 / r.lines.max(1) as f64
+        );
+    }
     if let Some(t) = &r.recording {
         print_recording(t);
     }
