@@ -14,7 +14,8 @@ use ssdcache_devsim::hdd::{HddDevice, HddParams};
 use ssdcache_engine::{Cache, CleanerConfig, EngineError, Volume};
 use ssdcache_format::Superblock;
 use ssdcache_nbd::{
-    transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerError, ServerExport,
+    transmission_flags, Command, Errno, Export, ExportInfo, Lane, Server, ServerConfig,
+    ServerError, ServerExport,
 };
 use ssdcache_trace::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
 use ssdcache_trace::Op;
@@ -434,6 +435,23 @@ impl Export for VolumeExport {
     }
     fn cache(&self, offset: u64, length: u64) -> Result<(), Errno> {
         self.volume.prefetch(offset, length).map_err(errno)
+    }
+    /// Cache hits, and writes in write-back, run on the NBD connection's fast lane: they
+    /// never wait for a worker stuck on the backing device.
+    fn lane(&self, command: Command, offset: u64, length: u64) -> Lane {
+        let is_write = match command {
+            Command::Read => false,
+            Command::Write => true,
+            _ => return Lane::Slow,
+        };
+        if self
+            .volume
+            .likely_served_from_cache(is_write, offset, length)
+        {
+            Lane::Fast
+        } else {
+            Lane::Slow
+        }
     }
 }
 
