@@ -52,8 +52,10 @@ pub struct ServeArgs {
     /// Export every volume read-only
     #[arg(long)]
     read_only: bool,
-    /// Worker threads per NBD connection: requests in flight per connection, to the cache and
-    /// to the backing device (a hard drive reorders up to 32) [default: 32]
+    /// Slow-lane worker threads per NBD connection: requests that may touch the backing
+    /// device (misses, write-through and write-around writes, FLUSH, TRIM...) in flight per
+    /// connection (a hard drive reorders up to 32). Cache hits and write-back writes run on
+    /// 32 fast-lane workers per connection besides, and never wait for these [default: 32]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Put the HDD model (7200 rpm, see `ssdcache hdd-emulator --help`) between the cache and
@@ -105,8 +107,8 @@ pub struct ServeArgs {
     #[arg(long, help_heading = "Recording a workload")]
     record_trace_force: bool,
     /// Most NBD connections open at once, 1 to 4096; a client beyond it is closed before the
-    /// greeting and the refusal logged. Each connection has --threads worker threads
-    /// [default: 128]
+    /// greeting and the refusal logged. Each connection has 32 fast-lane and up to --threads
+    /// slow-lane worker threads [default: 128]
     #[arg(long, value_name = "N", help_heading = "Limits")]
     max_connections: Option<usize>,
     /// Memory all NBD request buffers together may hold (in use, or kept for reuse). A request

@@ -641,12 +641,11 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         }
     }
 
-    /// Where a request runs. One answered without the backend (invalid, or empty) is fast.
+    /// Where a request runs: as the export says for READ and WRITE (even one answered without
+    /// it, invalid or empty, so that an export that keeps everything in the slow lane sees
+    /// its replies in the order of the queue), slow for every other command.
     fn lane_of(&self, request: &Request<'_>) -> Lane {
         let header = &request.header;
-        if request.verdict.is_err() || (header.length == 0 && header.command != Command::Flush) {
-            return Lane::Fast;
-        }
         match header.command {
             Command::Read | Command::Write => {
                 let length = u64::from(header.length);
