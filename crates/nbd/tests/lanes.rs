@@ -110,16 +110,17 @@ impl Export for LaneExport {
     }
 }
 
+/// A server, its export, and a client connected and negotiated, with the connection's thread.
+struct Connected {
+    server: Server,
+    backend: Arc<LaneExport>,
+    client: Client<UnixStream>,
+    handle: JoinHandle<Result<(), ConnectionError>>,
+}
+
 /// A server with `slow` slow workers and one fast worker per connection, and a connected,
 /// negotiated client whose reads give up after [`LIMIT`].
-fn connect(
-    slow: usize,
-) -> (
-    Server,
-    Arc<LaneExport>,
-    Client<UnixStream>,
-    JoinHandle<Result<(), ConnectionError>>,
-) {
+fn connect(slow: usize) -> Connected {
     let backend = LaneExport::new();
     let export = ServerExport {
         info: export_info("disk", SIZE, transmission_flags(false)),
@@ -135,7 +136,12 @@ fn connect(
     client.set_read_timeout(Some(LIMIT)).unwrap();
     let serving = server.clone();
     let handle = thread::spawn(move || serving.serve_stream(server_end));
-    (server, backend, Client::go(client, "disk"), handle)
+    Connected {
+        server,
+        backend,
+        client: Client::go(client, "disk"),
+        handle,
+    }
 }
 
 fn eventually(what: &str, condition: impl Fn() -> bool) {
@@ -170,7 +176,12 @@ fn expect_successes(client: &mut Client<UnixStream>, count: usize) {
 
 #[test]
 fn a_fast_read_is_answered_while_slow_requests_hold_every_slow_worker() {
-    let (_server, backend, mut client, handle) = connect(2);
+    let Connected {
+        backend,
+        mut client,
+        handle,
+        ..
+    } = connect(2);
     // Two slow reads take both slow workers; a slow write and a FLUSH queue behind them.
     for i in 0..2 {
         slow_read(&mut client, i);
@@ -210,7 +221,12 @@ fn a_fast_read_is_answered_while_slow_requests_hold_every_slow_worker() {
 
 #[test]
 fn a_graceful_shutdown_answers_the_queued_slow_requests() {
-    let (server, backend, mut client, handle) = connect(1);
+    let Connected {
+        server,
+        backend,
+        mut client,
+        handle,
+    } = connect(1);
     for i in 0..3 {
         slow_read(&mut client, i);
     }
@@ -229,7 +245,12 @@ fn a_graceful_shutdown_answers_the_queued_slow_requests() {
 
 #[test]
 fn a_full_slow_queue_stops_reading_until_a_slow_worker_frees_room() {
-    let (_server, backend, mut client, handle) = connect(1);
+    let Connected {
+        backend,
+        mut client,
+        handle,
+        ..
+    } = connect(1);
     // One slow read in the backend, SLOW_LANE_QUEUE queued, one more held by the reader.
     let slow = 1 + SLOW_LANE_QUEUE + 1;
     for i in 0..slow {
