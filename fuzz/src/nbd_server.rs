@@ -2,8 +2,9 @@
 //! fuzz input written into the other end as everything a client sends, then the server's
 //! whole answer read back. Checked: no panic; the connection ends within [`TIME_LIMIT`]; the
 //! answer is exactly what the protocol asks for: the handshake machine's output for the same
-//! bytes, then, in transmission, one simple reply per request in order (one worker thread per
-//! connection makes the order fixed), with the error `validate_request` gives or success, and
+//! bytes, then, in transmission, one simple reply per request in order (one reading thread and
+//! one worker thread per connection make the order fixed: the export keeps every request in
+//! the slow lane), with the error `validate_request` gives or success, and
 //! for a successful READ the data a model of the export holds (writes, TRIM and WRITE_ZEROES
 //! applied as the replies say); and the connection ends cleanly exactly when the client ended
 //! cleanly (`NBD_OPT_ABORT`, `NBD_CMD_DISC`, or EOF between requests).
@@ -12,7 +13,7 @@
 //! before the server reads, and the test writes everything before it reads).
 //!
 //! Public API used: `Server::new`, `Server::serve_stream`, `ServerConfig` (its `Default` plus
-//! `threads_per_connection` and `max_request`), `ServerExport`, `Export`, `Handshake`,
+//! `threads_per_connection`, `fast_threads_per_connection` and `max_request`), `ServerExport`, `Export`, `Handshake`,
 //! `RequestHeader::parse`, `validate_request`, `simple_reply_header`.
 
 use std::io::{ErrorKind, Read, Write};
@@ -144,6 +145,7 @@ fn serve(input: &[u8]) -> (Vec<u8>, Result<(), ConnectionError>) {
         .collect();
     let config = ServerConfig {
         threads_per_connection: 1,
+        fast_threads_per_connection: 1,
         max_request: MAX_REQUEST,
         ..ServerConfig::default()
     };

@@ -5,7 +5,7 @@
 //! socket = "/run/ssdcache/sdb.sock" # Unix socket for NBD clients (mode 0600)
 //! listen = "127.0.0.1:10809"        # also serve NBD over TCP (no TLS yet: loopback only)
 //! control = "/run/ssdcache/ctl.sock" # control socket for stats/info
-//! threads = 32                       # worker threads per NBD connection
+//! threads = 32                       # slow-lane worker threads per NBD connection
 //! read_only = false                  # export every volume read-only
 //! writeback_high = 50                # write-back: clean every dirty line above 50% dirty lines
 //! writeback_low = 40                 # ... down to 40%

@@ -156,8 +156,10 @@ pub fn run(args: HddEmulatorArgs) -> Result<()> {
         max_block: 32 << 20,
     };
     // Enough workers per connection that the model, not the server, holds the queue.
+    // Every request of this export takes the slow lane: one fast worker reads them all.
     let config = ServerConfig {
         threads_per_connection: (params.queue_depth * 2).clamp(8, 128),
+        fast_threads_per_connection: 1,
         ..ServerConfig::default()
     };
     let server = Arc::new(

@@ -14,7 +14,8 @@ use ssdcache_devsim::hdd::{HddDevice, HddParams};
 use ssdcache_engine::{Cache, CleanerConfig, EngineError, Volume};
 use ssdcache_format::Superblock;
 use ssdcache_nbd::{
-    transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerError, ServerExport,
+    transmission_flags, Command, Errno, Export, ExportInfo, Lane, Server, ServerConfig,
+    ServerError, ServerExport,
 };
 use ssdcache_trace::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
 use ssdcache_trace::Op;
@@ -51,8 +52,10 @@ pub struct ServeArgs {
     /// Export every volume read-only
     #[arg(long)]
     read_only: bool,
-    /// Worker threads per NBD connection: requests in flight per connection, to the cache and
-    /// to the backing device (a hard drive reorders up to 32) [default: 32]
+    /// Slow-lane worker threads per NBD connection: requests that may touch the backing
+    /// device (misses, write-through and write-around writes, FLUSH, TRIM...) in flight per
+    /// connection (a hard drive reorders up to 32). Cache hits and write-back writes run on
+    /// 32 fast-lane workers per connection besides, and never wait for these [default: 32]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Put the HDD model (7200 rpm, see `ssdcache hdd-emulator --help`) between the cache and
@@ -104,8 +107,8 @@ pub struct ServeArgs {
     #[arg(long, help_heading = "Recording a workload")]
     record_trace_force: bool,
     /// Most NBD connections open at once, 1 to 4096; a client beyond it is closed before the
-    /// greeting and the refusal logged. Each connection has --threads worker threads
-    /// [default: 128]
+    /// greeting and the refusal logged. Each connection has 32 fast-lane and up to --threads
+    /// slow-lane worker threads [default: 128]
     #[arg(long, value_name = "N", help_heading = "Limits")]
     max_connections: Option<usize>,
     /// Memory all NBD request buffers together may hold (in use, or kept for reuse). A request
@@ -434,6 +437,23 @@ impl Export for VolumeExport {
     }
     fn cache(&self, offset: u64, length: u64) -> Result<(), Errno> {
         self.volume.prefetch(offset, length).map_err(errno)
+    }
+    /// Cache hits, and writes in write-back, run on the NBD connection's fast lane: they
+    /// never wait for a worker stuck on the backing device.
+    fn lane(&self, command: Command, offset: u64, length: u64) -> Lane {
+        let is_write = match command {
+            Command::Read => false,
+            Command::Write => true,
+            _ => return Lane::Slow,
+        };
+        if self
+            .volume
+            .likely_served_from_cache(is_write, offset, length)
+        {
+            Lane::Fast
+        } else {
+            Lane::Slow
+        }
     }
 }
 

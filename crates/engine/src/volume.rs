@@ -1251,6 +1251,35 @@ impl Volume {
         }
         Ok(())
     }
+
+    /// Whether a read (`is_write` false) or write of `length` bytes at `offset` will probably
+    /// be served by the cache device alone, never waiting for the backing device: a read whose
+    /// every sector is in the cache now, or a write in write-back mode on a healthy cache.
+    /// Write-through and write-around writes, reads that miss, and requests out of range are
+    /// `false`. Cheap: one look at the map per line, no line lock, no change to the policy's
+    /// view of use. It is a hint (the NBD server picks a worker lane with it): the answer may
+    /// be wrong by the time the request runs (a line evicted, a write sent around a full cache
+    /// or a stream), which costs latency only, never correctness.
+    pub fn likely_served_from_cache(&self, is_write: bool, offset: u64, length: u64) -> bool {
+        let in_range = offset
+            .checked_add(length)
+            .is_some_and(|end| end <= self.size);
+        if length == 0 || !in_range {
+            return false;
+        }
+        if is_write {
+            return self.caches_writes_back();
+        }
+        if self.mode() == CacheMode::PassThrough {
+            return false;
+        }
+        let map = self.core.map();
+        self.segments(offset, length).all(|seg| {
+            map.peek(self.id, seg.line).is_some_and(|hit| {
+                (seg.first_sector..seg.first_sector + seg.sectors).all(|s| hit.valid.get(s))
+            })
+        })
+    }
 }
 
 /// Changed line records that make a write-back writer commit on its own.

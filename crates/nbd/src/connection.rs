@@ -1,21 +1,33 @@
 //! One client connection: handshake I/O, then the transmission workers.
 //!
-//! Thread model (nbdkit's "parallel"): N workers share the connection. Each
-//! loops { lock the reader, read one request header (and a write's payload,
-//! into a buffer leased from the server's pool), unlock; call the backend (a
-//! read leases its buffer here); lock the writer, send the reply, unlock;
-//! give the buffer back }. No queue or hand-off between threads, and replies
-//! go out in completion order.
+//! Thread model: two lanes of workers per connection, so that a request the cache serves
+//! never waits for a worker that waits for the slow (backing) device (issue #11).
 //!
-//! Time limits: the wait for a request's first byte is bounded only by the
-//! idle timeout, and only while no reply is owed; the rest of the request
-//! and every reply are bounded by the I/O timeout.
+//! * Fast workers (`fast_threads_per_connection`; the connection's own thread is one) take
+//!   turns reading: lock the reader, read one request header (and a write's payload, into a
+//!   buffer leased from the server's pool), unlock. Then they ask the export where the
+//!   request runs ([`Export::lane`]). A fast one (a cache hit) the worker runs and answers
+//!   itself, as in nbdkit's "parallel" model: no hand-off between threads. A slow one (it may
+//!   touch the backing device; every command but READ and WRITE) goes into the connection's
+//!   slow queue, and the worker goes back to reading.
+//! * Slow workers (`threads_per_connection`, started when a queued request finds none idle)
+//!   take requests from the queue in order, run them and answer.
+//!
+//! Replies go out in completion order, one whole reply at a time under the writer lock. The
+//! slow queue holds at most [`SLOW_LANE_QUEUE`] requests; while it is full, a fast worker
+//! with a slow request waits for room, and once every fast worker waits so, the connection
+//! reads nothing more (back-pressure, as when its request memory is used up).
+//!
+//! Time limits: the wait for a request's first byte is bounded only by the idle timeout, and
+//! only while no reply is owed; the rest of the request and every reply are bounded by the
+//! I/O timeout.
 
+use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, IoSlice, Read};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::{self, Scope};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
@@ -26,11 +38,18 @@ use crate::proto::{
     simple_reply_header, validate_request, Command, Errno, ProtocolError, RequestHeader,
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
-use crate::server::{lock, NbdStream, Registration, ServerExport, Shared, DATALESS_CHUNK_BYTES};
+use crate::server::{
+    lock, Lane, NbdStream, Registration, ServerExport, Shared, DATALESS_CHUNK_BYTES,
+    SLOW_LANE_QUEUE,
+};
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
 /// (and small writes) per syscall.
 const READ_BUFFER_BYTES: usize = 256 * 1024;
+
+/// How often a fast worker waiting for room in the slow queue checks whether the server
+/// closes every connection (which wakes no condition variable of the connection).
+const QUEUE_WAIT_CHECK: Duration = Duration::from_millis(100);
 
 /// Why a connection ended badly. Clean ends are `Ok(())`.
 #[derive(Debug, thiserror::Error)]
@@ -153,21 +172,25 @@ fn transmit<S: NbdStream>(
     let control = stream
         .try_clone_stream()
         .map_err(io_error("cloning socket"))?;
+    // Outside the connection, which holds the requests that borrow them.
+    let activity = Activity::new();
+    let memory = ConnectionMemory::new(config.connection_buffer_memory);
     let connection = Connection {
         input: Mutex::new(Input::new(stream)),
         writer: Mutex::new(writer),
         control,
         closed: AtomicBool::new(false),
         aborted: AtomicBool::new(false),
-        activity: Activity::new(),
+        activity: &activity,
         first_error: Mutex::new(None),
-        memory: ConnectionMemory::new(config.connection_buffer_memory),
+        memory: &memory,
+        slow: SlowLane::new(config.threads_per_connection),
         export,
         max_payload: config.max_request.min(export.info.max_block),
         shared,
         peer,
     };
-    let result = connection.run_workers(config.threads_per_connection);
+    let result = connection.run_workers(config.fast_threads_per_connection);
     // Closing explicitly (rather than when the last clone drops) makes the
     // client see EOF right after the final reply.
     let _ = connection.control.shutdown_stream(Shutdown::Both);
@@ -399,12 +422,140 @@ impl Drop for InFlight<'_> {
 
 /// A request read off the wire, with the verdict of validation (a write's
 /// payload is consumed either way).
-struct Request<'c> {
+struct Request<'a> {
     header: RequestHeader,
     verdict: Result<(), Errno>,
     /// A write's payload, or a read's data once leased.
-    buffer: Option<Lease<'c>>,
-    _in_flight: InFlight<'c>,
+    buffer: Option<Lease<'a>>,
+    _in_flight: InFlight<'a>,
+}
+
+/// The requests of one connection that wait for a slow worker, and those workers.
+struct SlowLane<'a> {
+    state: Mutex<SlowState<'a>>,
+    /// Signalled when a request is queued or the lane closes.
+    work: Condvar,
+    /// Signalled when a request leaves the queue or the lane closes.
+    room: Condvar,
+    /// Slow workers of the connection at most (`threads_per_connection`).
+    max_workers: usize,
+}
+
+struct SlowState<'a> {
+    /// At most [`SLOW_LANE_QUEUE`] requests, oldest first.
+    queue: VecDeque<Request<'a>>,
+    /// Workers started, or being started.
+    workers: usize,
+    /// Workers waiting for a request.
+    idle: usize,
+    /// No request is queued any more (the readers stopped, or the connection aborted):
+    /// workers finish what is queued and stop.
+    closed: bool,
+}
+
+/// What became of a request handed to the slow lane.
+enum Queued {
+    /// A worker will take it.
+    Yes,
+    /// Queued, and no worker is idle: the caller starts one (already counted).
+    NeedsWorker,
+    /// The lane closed (the connection aborted): the request was dropped unanswered.
+    Dropped,
+}
+
+impl<'a> SlowLane<'a> {
+    fn new(max_workers: usize) -> Self {
+        SlowLane {
+            state: Mutex::new(SlowState {
+                queue: VecDeque::new(),
+                workers: 0,
+                idle: 0,
+                closed: false,
+            }),
+            work: Condvar::new(),
+            room: Condvar::new(),
+            max_workers,
+        }
+    }
+
+    /// Queues `request`, waiting while the queue is full (for a slow worker to take one, so
+    /// bounded by the slow device) unless `give_up()` turns true.
+    fn push(&self, request: Request<'a>, give_up: &dyn Fn() -> bool) -> Queued {
+        let mut state = lock(&self.state);
+        while state.queue.len() >= SLOW_LANE_QUEUE && !state.closed && !give_up() {
+            state = self
+                .room
+                .wait_timeout(state, QUEUE_WAIT_CHECK)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        if state.closed || state.queue.len() >= SLOW_LANE_QUEUE {
+            // Its lease goes back to the pool outside the lane's lock.
+            drop(state);
+            drop(request);
+            return Queued::Dropped;
+        }
+        state.queue.push_back(request);
+        self.work.notify_one();
+        if state.queue.len() > state.idle && state.workers < self.max_workers {
+            state.workers += 1;
+            return Queued::NeedsWorker;
+        }
+        Queued::Yes
+    }
+
+    /// The next request for a slow worker, waiting for one; `None` once the lane is closed
+    /// and empty.
+    fn pop(&self) -> Option<Request<'a>> {
+        let mut state = lock(&self.state);
+        loop {
+            if let Some(request) = state.queue.pop_front() {
+                self.room.notify_one();
+                return Some(request);
+            }
+            if state.closed {
+                return None;
+            }
+            state.idle += 1;
+            state = self
+                .work
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.idle -= 1;
+        }
+    }
+
+    /// A worker `push` asked for could not be started. Returns the oldest queued request if
+    /// no worker runs at all, for the caller to serve itself.
+    fn worker_not_started(&self) -> Option<Request<'a>> {
+        let mut state = lock(&self.state);
+        state.workers -= 1;
+        if state.workers > 0 {
+            return None;
+        }
+        let request = state.queue.pop_front();
+        self.room.notify_one();
+        request
+    }
+
+    /// No request will be queued any more: the workers serve what is queued, then stop.
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.work.notify_all();
+        self.room.notify_all();
+    }
+
+    /// Closes the lane and drops what is queued unanswered (the socket is shut already).
+    fn abort(&self) {
+        let dropped = {
+            let mut state = lock(&self.state);
+            state.closed = true;
+            std::mem::take(&mut state.queue)
+        };
+        self.work.notify_all();
+        self.room.notify_all();
+        drop(dropped);
+    }
 }
 
 /// State shared by the workers of one connection in transmission.
@@ -419,26 +570,28 @@ struct Connection<'a, S: NbdStream> {
     /// flight stop as early as they can.
     aborted: AtomicBool,
     /// Replies owed and the time of the last one, for the idle timeout.
-    activity: Activity,
+    activity: &'a Activity,
     /// The first error a worker hit: what the connection ends with.
     first_error: Mutex<Option<ConnectionError>>,
-    memory: ConnectionMemory,
+    memory: &'a ConnectionMemory,
+    /// Requests that may wait for the slow device, and their workers.
+    slow: SlowLane<'a>,
     export: &'a ServerExport,
     max_payload: u32,
     shared: &'a Shared,
     peer: &'a str,
 }
 
-impl<S: NbdStream> Connection<'_, S> {
-    /// Runs `threads` workers (this thread included) until all have stopped;
-    /// returns the first error any of them hit.
-    fn run_workers(&self, threads: usize) -> Result<(), ConnectionError> {
+impl<'a, S: NbdStream> Connection<'a, S> {
+    /// Runs `fast_threads` fast workers (this thread included) and the slow workers they
+    /// start until all have stopped; returns the first error any of them hit.
+    fn run_workers(&self, fast_threads: usize) -> Result<(), ConnectionError> {
         thread::scope(|scope| {
-            let mut helpers = Vec::with_capacity(threads.saturating_sub(1));
-            for _ in 1..threads {
+            let mut helpers = Vec::with_capacity(fast_threads.saturating_sub(1));
+            for _ in 1..fast_threads {
                 let spawned = thread::Builder::new()
                     .name("nbd-worker".into())
-                    .spawn_scoped(scope, || self.worker());
+                    .spawn_scoped(scope, || self.fast_worker(scope));
                 match spawned {
                     Ok(handle) => helpers.push(handle),
                     Err(error) => {
@@ -447,39 +600,109 @@ impl<S: NbdStream> Connection<'_, S> {
                     }
                 }
             }
-            self.worker();
-            for helper in helpers {
-                if let Err(panic) = helper.join() {
-                    std::panic::resume_unwind(panic);
-                }
+            self.fast_worker(scope);
+            let panics: Vec<_> = helpers.into_iter().filter_map(|h| h.join().err()).collect();
+            // Nothing is read any more: the slow workers finish the queue and stop (the
+            // scope waits for them).
+            self.slow.close();
+            if let Some(panic) = panics.into_iter().next() {
+                std::panic::resume_unwind(panic);
             }
         });
         lock(&self.first_error).take().map_or(Ok(()), Err)
     }
 
-    fn worker(&self) {
+    /// Reads requests, runs the fast ones and queues the slow ones, until no more can be read.
+    fn fast_worker<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>) {
         let _abort_on_panic = AbortOnPanic(self);
         loop {
-            let mut request = match self.next_request() {
+            let request = match self.next_request() {
                 Ok(Some(request)) => request,
                 Ok(None) => return,
                 Err(error) => return self.record(error),
             };
-            let outcome = self.execute(&mut request);
-            if let Err(errno) = outcome {
-                debug!(peer = %self.peer, header = ?request.header, %errno, "request failed");
-            }
-            if request.header.command == Command::Write {
-                // The payload's memory is free again before the reply waits for the writer.
-                request.buffer = None;
-            }
-            if let Err(error) = self.send_reply(&request, outcome) {
-                // Recorded before the abort, so the errors the abort causes in other
-                // workers do not hide the cause.
-                self.record(error);
-                return self.abort();
+            let answered = match self.lane_of(&request) {
+                Lane::Fast => self.serve(request),
+                Lane::Slow => self.queue_slow(request, scope),
+            };
+            if !answered {
+                return;
             }
         }
+    }
+
+    /// Serves queued slow requests until the lane closes and is empty.
+    fn slow_worker(&self) {
+        let _abort_on_panic = AbortOnPanic(self);
+        while let Some(request) = self.slow.pop() {
+            if !self.serve(request) {
+                return;
+            }
+        }
+    }
+
+    /// Where a request runs: as the export says for READ and WRITE (even one answered without
+    /// it, invalid or empty, so that an export that keeps everything in the slow lane sees
+    /// its replies in the order of the queue), slow for every other command.
+    fn lane_of(&self, request: &Request<'_>) -> Lane {
+        let header = &request.header;
+        match header.command {
+            Command::Read | Command::Write => {
+                let length = u64::from(header.length);
+                self.export
+                    .backend
+                    .lane(header.command, header.offset, length)
+            }
+            _ => Lane::Slow,
+        }
+    }
+
+    /// Hands a request to the slow lane, starting a slow worker if none is idle. False when
+    /// the connection is over.
+    fn queue_slow<'scope>(
+        &'scope self,
+        request: Request<'a>,
+        scope: &'scope Scope<'scope, '_>,
+    ) -> bool {
+        match self.slow.push(request, &|| self.stopping_early()) {
+            Queued::Yes => true,
+            Queued::Dropped => false,
+            Queued::NeedsWorker => {
+                let spawned = thread::Builder::new()
+                    .name("nbd-slow-worker".into())
+                    .spawn_scoped(scope, || self.slow_worker());
+                let Err(error) = spawned else {
+                    return true;
+                };
+                warn!(peer = %self.peer, %error, "cannot start a slow-lane worker thread");
+                match self.slow.worker_not_started() {
+                    // No slow worker at all: serve it here rather than never.
+                    Some(request) => self.serve(request),
+                    None => true,
+                }
+            }
+        }
+    }
+
+    /// Runs a request and sends its reply. False (after recording the error and aborting
+    /// the connection) when the reply could not be sent.
+    fn serve(&self, mut request: Request<'a>) -> bool {
+        let outcome = self.execute(&mut request);
+        if let Err(errno) = outcome {
+            debug!(peer = %self.peer, header = ?request.header, %errno, "request failed");
+        }
+        if request.header.command == Command::Write {
+            // The payload's memory is free again before the reply waits for the writer.
+            request.buffer = None;
+        }
+        if let Err(error) = self.send_reply(&request, outcome) {
+            // Recorded before the abort, so the errors the abort causes in other
+            // workers do not hide the cause.
+            self.record(error);
+            self.abort();
+            return false;
+        }
+        true
     }
 
     /// Keeps the first error of the connection (what it ends with).
@@ -489,7 +712,7 @@ impl<S: NbdStream> Connection<'_, S> {
 
     /// Reads the next request under the reader lock, or `None` when this
     /// connection should read no more.
-    fn next_request(&self) -> Result<Option<Request<'_>>, ConnectionError> {
+    fn next_request(&self) -> Result<Option<Request<'a>>, ConnectionError> {
         let mut input = lock(&self.input);
         if self.closed.load(Ordering::SeqCst) || self.shared.is_shutting_down() {
             self.closed.store(true, Ordering::SeqCst);
@@ -502,7 +725,7 @@ impl<S: NbdStream> Connection<'_, S> {
         result
     }
 
-    fn read_request(&self, input: &mut Input<S>) -> Result<Option<Request<'_>>, ConnectionError> {
+    fn read_request(&self, input: &mut Input<S>) -> Result<Option<Request<'a>>, ConnectionError> {
         let mut raw = [0u8; REQUEST_HEADER_LEN];
         if !self.read_header(input, &mut raw)? {
             return Ok(None);
@@ -519,7 +742,7 @@ impl<S: NbdStream> Connection<'_, S> {
             header,
             verdict: validate_request(&header, &self.export.info, self.max_payload),
             buffer: None,
-            _in_flight: InFlight::enter(&self.activity),
+            _in_flight: InFlight::enter(self.activity),
         };
         if header.has_payload() {
             self.read_payload(input, &mut request)?;
@@ -579,10 +802,10 @@ impl<S: NbdStream> Connection<'_, S> {
     /// Reads a write payload into a leased buffer if the request is valid and
     /// memory can be had, otherwise streams it into the void so the next
     /// header is found where expected.
-    fn read_payload<'c>(
-        &'c self,
+    fn read_payload(
+        &self,
         input: &mut Input<S>,
-        request: &mut Request<'c>,
+        request: &mut Request<'a>,
     ) -> Result<(), ConnectionError> {
         let length = request.header.length;
         if request.verdict.is_ok() {
@@ -606,13 +829,13 @@ impl<S: NbdStream> Connection<'_, S> {
 
     /// A buffer for one request, waiting (bounded) for memory other requests
     /// hold.
-    fn lease(&self, len: usize) -> Result<Lease<'_>, Errno> {
+    fn lease(&self, len: usize) -> Result<Lease<'a>, Errno> {
         let deadline = Instant::now() + self.shared.config.buffer_wait;
         let give_up = || self.stopping_early();
         let leased = self
             .shared
             .buffers
-            .take(&self.memory, len, deadline, &give_up);
+            .take(self.memory, len, deadline, &give_up);
         if leased.as_ref().err() == Some(&Errno::NoMem) {
             warn!(
                 peer = %self.peer,
@@ -630,7 +853,7 @@ impl<S: NbdStream> Connection<'_, S> {
         self.aborted.load(Ordering::SeqCst) || self.shared.is_force_closed()
     }
 
-    fn execute<'c>(&'c self, request: &mut Request<'c>) -> Result<(), Errno> {
+    fn execute(&self, request: &mut Request<'a>) -> Result<(), Errno> {
         request.verdict?;
         let header = request.header;
         if header.length == 0 && header.command != Command::Flush {
@@ -740,6 +963,7 @@ impl<S: NbdStream> Connection<'_, S> {
         self.closed.store(true, Ordering::SeqCst);
         self.aborted.store(true, Ordering::SeqCst);
         let _ = self.control.shutdown_stream(Shutdown::Both);
+        self.slow.abort();
         self.shared.buffers.wake_all();
     }
 

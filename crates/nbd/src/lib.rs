@@ -19,16 +19,19 @@
 //!
 //! # Thread model
 //!
-//! Each connection gets `threads_per_connection` workers in the style of
-//! nbdkit's "parallel" model: every worker loops { lock the reader, read one
-//! request header (and a write's payload, into a 4096-aligned buffer leased
-//! from the server's pool), unlock; validate; call the [`Export`]; lock the
-//! writer, send the reply in one `writev`, unlock; give the buffer back }.
-//! There are no queues or hand-offs between threads; many requests are in
-//! flight per connection and replies leave in completion order (matched by
-//! cookie). Malformed requests are answered with the spec's error when the
-//! stream can stay in sync; a bad magic or a truncated request closes only
-//! that connection.
+//! Each connection has two lanes of workers. Up to `fast_threads_per_connection` fast
+//! workers take turns reading: lock the reader, read one request header (and a write's
+//! payload, into a 4096-aligned buffer leased from the server's pool), unlock; validate; ask
+//! the [`Export`] where the request runs ([`Export::lane`]). A fast request (one the export
+//! expects to serve without its slow device, e.g. a cache hit) the worker runs itself and
+//! answers, in the style of nbdkit's "parallel" model, with no hand-off. A slow one goes into
+//! the connection's slow queue (at most [`SLOW_LANE_QUEUE`] requests), and the worker reads
+//! on; up to `threads_per_connection` slow workers, started on demand, run the queue. So a
+//! fast request never waits for a worker blocked on the slow device, and requests keep being
+//! read while that device is busy. Replies leave in completion order (matched by cookie), one
+//! whole reply per `writev` under the writer lock. Malformed requests are answered with the
+//! spec's error when the stream can stay in sync; a bad magic or a truncated request closes
+//! only that connection.
 //!
 //! # Limits
 //!
@@ -55,5 +58,6 @@ pub use connection::ConnectionError;
 pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome};
 pub use proto::{transmission_flags, Command, Errno, ProtocolError, RequestHeader};
 pub use server::{
-    Export, NbdStream, Server, ServerConfig, ServerError, ServerExport, DATALESS_CHUNK_BYTES,
+    Export, Lane, NbdStream, Server, ServerConfig, ServerError, ServerExport, DATALESS_CHUNK_BYTES,
+    SLOW_LANE_QUEUE,
 };

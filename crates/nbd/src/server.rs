@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::buffers::{buffer_size, BufferPool};
 use crate::connection::{self, ConnectionError, Start};
 use crate::handshake::ExportInfo;
-use crate::proto::Errno;
+use crate::proto::{Command, Errno};
 
 /// The storage behind one export. The server calls it from many threads at
 /// once. Buffers passed to `read` and `write` start on a 4096-byte boundary,
@@ -42,6 +42,28 @@ pub trait Export: Send + Sync {
     ) -> Result<(), Errno>;
     /// A prefetch hint.
     fn cache(&self, offset: u64, length: u64) -> Result<(), Errno>;
+
+    /// Which workers should run a READ or WRITE of `length` bytes at `offset` (other
+    /// commands always take the slow lane). Called once per request, right after it is read
+    /// and before any of its work, so it must be cheap and must not block. It is a hint: a
+    /// wrong answer costs latency (a fast worker waits for the slow device, or a request
+    /// that could have been fast queues behind slow ones), never correctness. The default
+    /// sends everything to the slow lane.
+    fn lane(&self, command: Command, offset: u64, length: u64) -> Lane {
+        let _ = (command, offset, length);
+        Lane::Slow
+    }
+}
+
+/// Where a request runs on its connection (docs/design.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Run by the worker that read it, at once: the request will probably not touch the slow
+    /// (backing) device, e.g. a read whose data is all in the cache.
+    Fast,
+    /// Queued for the slow lane's workers, so its wait for the slow device never holds up
+    /// the reading of further requests or a fast one.
+    Slow,
 }
 
 /// One export: what the handshake advertises, and the backend serving it.
@@ -58,19 +80,34 @@ pub struct ServerExport {
 /// whole range is durable when the reply says so.
 pub const DATALESS_CHUNK_BYTES: u64 = 64 << 20;
 
+/// Requests one connection may hold queued for its slow lane (read, not yet taken by a slow
+/// worker). While the queue is full the connection reads no further request. Twice the Linux
+/// kernel client's 128 tags, so a client whose every request in flight waits for the slow
+/// device still leaves the reading of hits free. A queued request is a few dozen bytes
+/// besides a write's payload, which the connection's request memory bounds.
+pub const SLOW_LANE_QUEUE: usize = 256;
+
 /// Server tuning and limits. Every limit bounds something a client could otherwise make grow
 /// without end; docs/design.md §6 has the arithmetic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Worker threads per connection, i.e. requests processed in parallel on one connection.
+    /// Slow-lane worker threads per connection: requests that may wait for the slow (backing)
+    /// device run on this many threads at most, i.e. the queue depth one connection gives that
+    /// device. Started on demand, when a slow request finds none idle.
     pub threads_per_connection: usize,
+    /// Fast-lane worker threads per connection (the connection's own thread is one): they
+    /// take turns reading requests, run those [`Export::lane`] calls fast themselves and hand
+    /// the others to the slow lane. This bounds the fast requests in parallel on one
+    /// connection, i.e. the queue depth one connection gives the cache device.
+    pub fast_threads_per_connection: usize,
     /// Largest READ/WRITE length accepted (also capped by each export's `max_block`).
     pub max_request: u32,
     /// Total time a client gets to finish the handshake.
     pub handshake_timeout: Duration,
     /// Connections open at once (handshaking or transmitting). Further clients are closed
     /// right after `accept`, before the greeting, and the refusal is logged. With
-    /// `threads_per_connection` this bounds the server's threads.
+    /// `threads_per_connection` and `fast_threads_per_connection` this bounds the server's
+    /// threads.
     pub max_connections: usize,
     /// Bytes all request buffers of the server may hold at once (in use, or kept for reuse).
     pub buffer_memory: usize,
@@ -96,6 +133,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             threads_per_connection: 8,
+            fast_threads_per_connection: 32,
             max_request: 32 << 20,
             handshake_timeout: Duration::from_secs(30),
             max_connections: 128,
@@ -506,6 +544,9 @@ fn validate_config(config: &ServerConfig) -> Result<(), ServerError> {
     let invalid = |what: &str| Err(ServerError::InvalidConfig(what.into()));
     if config.threads_per_connection == 0 {
         return invalid("threads_per_connection must be at least 1");
+    }
+    if config.fast_threads_per_connection == 0 {
+        return invalid("fast_threads_per_connection must be at least 1");
     }
     if config.max_request == 0 {
         return invalid("max_request must be positive");
