@@ -33,8 +33,9 @@ log "LOAD_SEED=$SEED: $CONNECTIONS connections × depth $DEPTH for ${LOAD_SECOND
 # The memory bound is the one docs/design.md §6.1 documents: --request-memory bounds every
 # request buffer (in use or kept); each connection adds a 256 KiB read-ahead buffer, and each
 # of its worker threads its touched stack and, while its request misses, one cache line (the
-# line read from the disk, its dirty sectors read into it in place; 64 KiB lines, 32 threads by
-# default: 2.25 MiB a connection in all); the cleaner holds at most 32
+# line read from the disk, its dirty sectors read into it in place; 64 KiB lines; 32 fast and up
+# to 32 slow workers by default, either of which may miss: 4.25 MiB a connection in all); the
+# cleaner holds at most 32
 # merged writes of 4 MiB (128 MiB); the engine's commits and the allocator need a fixed amount
 # on top of what the daemon holds at rest (allowed: 64 MiB).
 help=$("$SSDCACHE_BIN" serve --help 2>&1) || fail "ssdcache serve --help failed: $help"
@@ -43,7 +44,7 @@ grep -q -- '--request-memory' <<<"$help" ||
 grep -q -- '--max-connections' <<<"$help" ||
     fail "serve --help documents no --max-connections (issue #10 item 6)"
 request_memory_bytes=$((REQUEST_MEMORY_MIB * MIB))
-PER_CONNECTION=$((${LOAD_MEMORY_PER_CONNECTION_KIB:-2304} * 1024))
+PER_CONNECTION=$((${LOAD_MEMORY_PER_CONNECTION_KIB:-4352} * 1024))
 CLEANER=$((128 * MIB))
 FIXED=$((${LOAD_MEMORY_FIXED_MIB:-64} * MIB))
 
