@@ -1273,12 +1273,9 @@ impl Volume {
         if self.mode() == CacheMode::PassThrough {
             return false;
         }
-        let map = self.core.map();
-        self.segments(offset, length).all(|seg| {
-            map.peek(self.id, seg.line).is_some_and(|hit| {
-                (seg.first_sector..seg.first_sector + seg.sectors).all(|s| hit.valid.get(s))
-            })
-        })
+        // The read lock, as hits take it (review13 R13-2: the write lock here made every READ
+        // exclude every hit).
+        self.all_cached(offset, length)
     }
 }
 

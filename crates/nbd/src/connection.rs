@@ -525,11 +525,14 @@ impl<'a> SlowLane<'a> {
         }
     }
 
-    /// A worker `push` asked for could not be started. Returns the oldest queued request if
-    /// no worker runs at all, for the caller to serve itself.
-    fn worker_not_started(&self) -> Option<Request<'a>> {
+    /// A worker `push` asked for could not be started.
+    fn worker_not_started(&self) {
+        lock(&self.state).workers -= 1;
+    }
+
+    /// The oldest queued request, if no slow worker runs at all (for the caller to serve).
+    fn take_if_no_worker(&self) -> Option<Request<'a>> {
         let mut state = lock(&self.state);
-        state.workers -= 1;
         if state.workers > 0 {
             return None;
         }
@@ -646,6 +649,12 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// its replies in the order of the queue), slow for every other command.
     fn lane_of(&self, request: &Request<'_>) -> Lane {
         let header = &request.header;
+        if request.verdict.is_err() {
+            // Answered without the export: no need to ask it (review13 R13-2: a huge invalid
+            // READ made the hint walk the map for nothing). Slow keeps a slow-only export's
+            // replies in queue order.
+            return Lane::Slow;
+        }
         match header.command {
             Command::Read | Command::Write => {
                 let length = u64::from(header.length);
@@ -661,9 +670,23 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// the connection is over.
     fn queue_slow<'scope>(
         &'scope self,
-        request: Request<'a>,
+        mut request: Request<'a>,
         scope: &'scope Scope<'scope, '_>,
     ) -> bool {
+        // A read takes its buffer before it is queued, as a write's payload already has: then
+        // a slow worker never waits for memory that only requests queued behind it hold (which
+        // only slow workers can free; review13 R13-1), and a reader short of memory stops
+        // reading instead. A read that cannot get memory is answered ENOMEM from the queue.
+        if request.header.command == Command::Read
+            && request.verdict.is_ok()
+            && request.header.length > 0
+            && request.buffer.is_none()
+        {
+            match self.lease(request.header.length as usize) {
+                Ok(lease) => request.buffer = Some(lease),
+                Err(errno) => request.verdict = Err(errno),
+            }
+        }
         match self.slow.push(request, &|| self.stopping_early()) {
             Queued::Yes => true,
             Queued::Dropped => false,
@@ -675,11 +698,16 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                     return true;
                 };
                 warn!(peer = %self.peer, %error, "cannot start a slow-lane worker thread");
-                match self.slow.worker_not_started() {
-                    // No slow worker at all: serve it here rather than never.
-                    Some(request) => self.serve(request),
-                    None => true,
+                self.slow.worker_not_started();
+                // With no slow worker at all, serve what is queued here rather than never
+                // (review13 R13-4: requests queued meanwhile had no worker); a worker started
+                // by a later push takes over.
+                while let Some(request) = self.slow.take_if_no_worker() {
+                    if !self.serve(request) {
+                        return false;
+                    }
                 }
+                true
             }
         }
     }
@@ -864,7 +892,11 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         let fua = header.flags & NBD_CMD_FLAG_FUA != 0;
         match header.command {
             Command::Read => {
-                let buffer = request.buffer.insert(self.lease(header.length as usize)?);
+                // A slow read leased its buffer before it was queued.
+                let buffer = match request.buffer.take() {
+                    Some(lease) => request.buffer.insert(lease),
+                    None => request.buffer.insert(self.lease(header.length as usize)?),
+                };
                 let _inside = self.shared.enter_backend()?;
                 backend.read(offset, buffer)
             }
