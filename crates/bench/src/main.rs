@@ -184,7 +184,11 @@ fn write_back_cache(
         },
     )?;
     let sb = read_superblock(&*cache_dev)?;
-    Ok(Cache::open(cache_dev, sb, vec![backing])?.0)
+    let cache = Cache::open(cache_dev, sb, vec![backing])?.0;
+    // These measurements need every line dirty (a burst destaged whole, the recovery of a cache
+    // full of dirty data), past the default dirty limit.
+    cache.set_dirty_limit(1.0);
+    Ok(cache)
 }
 
 /// The burst: (offset, length) in arrival order.
