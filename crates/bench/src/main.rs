@@ -19,7 +19,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ssdcache_device::{AlignedBuf, BlockDevice, FileDevice, OpenOptions, SplitMix64 as Rng};
 use ssdcache_devsim::hdd::{HddDevice, HddModel, HddParams};
 use ssdcache_devsim::{Op, RecordingDevice};
-use ssdcache_engine::{format, read_superblock, Cache, CleanerConfig, NewVolume};
+use ssdcache_engine::{read_superblock, Cache, CleanerConfig};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
 
 /// Counts live heap bytes, for `engine`'s metadata measurement (relaxed atomics: cheap).
@@ -165,26 +165,8 @@ fn write_back_cache(
     line_size: u64,
     policy: &str,
 ) -> Result<Cache> {
-    let policy = ssdcache_engine::policy::id_of(policy).ok_or_else(|| {
-        anyhow::anyhow!(
-            "unknown policy {policy:?}; choose from: {}",
-            ssdcache_engine::policy::names().join(", ")
-        )
-    })?;
-    format(
-        &*cache_dev,
-        line_size,
-        NewVolume {
-            name: "bench".into(),
-            mode: CacheMode::WriteBack,
-            backing: identity(backing.size()),
-            sequential_cutoff: 0,
-            policy,
-            admission: Default::default(),
-        },
-    )?;
-    let sb = read_superblock(&*cache_dev)?;
-    let cache = Cache::open(cache_dev, sb, vec![backing])?.0;
+    let cache =
+        engine_bench::open_cache(cache_dev, backing, line_size, CacheMode::WriteBack, policy)?;
     // These measurements need every line dirty (a burst destaged whole, the recovery of a cache
     // full of dirty data), past the default dirty limit.
     cache.set_dirty_limit(1.0);

@@ -212,23 +212,21 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
     /// Dirty slots, least recently used first: the ones the policy would evict next if they
     /// were clean.
     pub fn coldest_dirty(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut next = self.unevictable.oldest(DIRTY);
+        self.oldest_first(DIRTY)
+    }
+
+    /// Slots waiting for a commit before they may be evicted.
+    pub fn held_slots(&self) -> Vec<u32> {
+        self.oldest_first(HELD).collect()
+    }
+
+    fn oldest_first(&self, list: usize) -> impl Iterator<Item = u32> + '_ {
+        let mut next = self.unevictable.oldest(list);
         std::iter::from_fn(move || {
             let slot = next?;
             next = self.unevictable.newer(slot);
             Some(slot)
         })
-    }
-
-    /// Slots waiting for a commit before they may be evicted.
-    pub fn held_slots(&self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.unevictable.len(HELD) as usize);
-        let mut next = self.unevictable.oldest(HELD);
-        while let Some(slot) = next {
-            out.push(slot);
-            next = self.unevictable.newer(slot);
-        }
-        out
     }
 
     pub fn dirty_count(&self) -> u32 {

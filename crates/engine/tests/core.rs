@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use common::{data, format_dev, open_dyn, MIB};
 use ssdcache_device::BlockDevice;
-use ssdcache_devsim::{GateDevice, MemDevice, Op, RecordingDevice};
+use ssdcache_devsim::{CrashDevice, GateDevice, MemDevice, Op, RecordingDevice};
 use ssdcache_format::CacheMode;
 
 const SECTOR: u64 = 4096;
@@ -268,53 +268,17 @@ fn hits_do_not_wait_for_a_writeback_and_disk_writes_wait_for_it() {
     assert!(buf.iter().all(|&b| b == 0));
 }
 
-/// A backing device that counts its flushes.
-struct CountingFlushes {
-    inner: MemDevice,
-    flushes: std::sync::atomic::AtomicU64,
-}
-
-impl BlockDevice for CountingFlushes {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.flushes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-    fn describe(&self) -> String {
-        "counting backing".into()
-    }
-}
-
 /// A FLUSH costs the hard drive an fdatasync only when something was written to it since the
 /// last one: FLUSHes after hits and write-back writes leave the disk alone.
 #[test]
 fn a_flush_syncs_the_disk_only_after_a_write_to_it() {
-    use std::sync::atomic::Ordering::SeqCst;
     const BACKING: u64 = 16 * MIB;
-    let backing = Arc::new(CountingFlushes {
-        inner: MemDevice::new("backing", BACKING),
-        flushes: 0.into(),
-    });
+    let backing = Arc::new(CrashDevice::new("backing", BACKING));
     let cache_dev = Arc::new(MemDevice::new("cache", 16 * MIB));
     format_dev(&*cache_dev, LINE, CacheMode::WriteBack, BACKING, 0);
     let (cache, _) = open_dyn(cache_dev, backing.clone());
     let vol = cache.volumes()[0].clone();
-    let opened = backing.flushes.load(SeqCst);
+    let opened = backing.flush_count();
     vol.write(0, &data(1, SECTOR as usize), false)
         .expect("write");
     let mut buf = vec![0u8; SECTOR as usize];
@@ -322,16 +286,12 @@ fn a_flush_syncs_the_disk_only_after_a_write_to_it() {
         vol.read(0, &mut buf).expect("hit");
         vol.flush().expect("flush");
     }
-    assert_eq!(
-        backing.flushes.load(SeqCst),
-        opened,
-        "nothing reached the disk"
-    );
+    assert_eq!(backing.flush_count(), opened, "nothing reached the disk");
     // A write of zeroes goes to the disk (write-back sends zero sectors around): the next
     // FLUSH syncs it, once.
     vol.write(SECTOR, &[0u8; SECTOR as usize], false)
         .expect("zeroes");
     vol.flush().expect("flush");
     vol.flush().expect("flush");
-    assert_eq!(backing.flushes.load(SeqCst), opened + 1);
+    assert_eq!(backing.flush_count(), opened + 1);
 }
