@@ -160,19 +160,38 @@ hdd_measure() {
     local out="$HRES/$cell.fio.json" s0="" s1="" t0 t1
     [ "${target#ssd-}" != "$target" ] && s0=$(sc_stats)
     note_cmd_once fio "${@/#--uri=*/--uri=URI}" --output=RESULT.json
+    # ssdcache's counters also when fio's ramp ends, for the measured window alone (the share
+    # of writes the cache absorbed: the ramp of a cold cell fills empty lines).
+    local ramp_stats="$HRES/$cell.stats-ramp.json" snap=""
+    rm -f "$ramp_stats"
+    if [ -n "$s0" ]; then
+        ( sleep "$HDD_RAMP"; sc_stats >"$ramp_stats" ) &
+        snap=$!
+    fi
     t0=$(now)
     fio "$@" --output="$out" >/dev/null 2>>"$HRES/fio.stderr" || die "fio failed: $cell (see $out)"
     t1=$(now)
+    [ -z "$snap" ] || wait "$snap" || true
     [ -n "$s0" ] && s1=$(sc_stats)
-    python3 - "$HRES/$cell.meta.json" "$cell" "$target" "$wl" "$ws" "$state" "$s0" "$s1" "$t0" "$t1" <<'EOF'
-import json, sys
-path, cell, target, wl, ws, state, s0, s1, t0, t1 = sys.argv[1:]
+    python3 - "$HRES/$cell.meta.json" "$cell" "$target" "$wl" "$ws" "$state" "$s0" "$s1" "$t0" "$t1" "$ramp_stats" <<'EOF'
+import json, os, sys
+path, cell, target, wl, ws, state, s0, s1, t0, t1, ramp = sys.argv[1:]
 m = dict(cell=cell, target=target, workload=wl, ws=ws, state=state, wall_s=float(t1) - float(t0))
 if s0 and s1:
     v0, v1 = json.loads(s0)["volumes"][0], json.loads(s1)["volumes"][0]
     for k, v in v1.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(v0.get(k), (int, float)):
             m["d_" + k] = v - v0[k]
+    try:
+        vr = json.load(open(ramp))["volumes"][0]
+        written = v1["bytes_written"] - vr["bytes_written"]
+        around = v1["bytes_written_around_full"] - vr["bytes_written_around_full"]
+        if written > 0:
+            # Written to the cache (absorbed at SSD speed), not sent around a cache at its
+            # dirty limit, after the ramp.
+            m["absorbed_share"] = 1 - around / written
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
     r = m.get("d_reads", 0)
     m["hit_ratio"] = m.get("d_read_hits", 0) / r if r else None
     for k in ("dirty_bytes", "occupancy_bytes"):  # levels at the end (write-back: dirty left)

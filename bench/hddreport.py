@@ -163,6 +163,15 @@ def goals(cells, hit_pair):
                     + (f"{len(below)} of {len(worst)} cells below 0.95×: " + "; ".join(below) if below
                        else f"all {len(worst)} cells ≥ 0.95×"),
                     worst[0][0] >= 0.95))
+    wb_rw = [(st, get(cells, "ssd-wb", "randwrite", "out", st), get(cells, "hdd", "randwrite", "out", st))
+             for st in ("cold", "warm")]
+    wb_rw = [(st, c, ratio(c, h)) for st, c, h in wb_rw if ratio(c, h) is not None]
+    if wb_rw:
+        lo = min(r for _, _, r in wb_rw)
+        out.append(("working set twice the cache: write-back random 4 KiB writes ≥ 1.5× the raw HDD model "
+                    "(with the share of writes the cache absorbed)",
+                    "; ".join(f"{st} {r:.2f}× (absorbed {fpct(c.get('absorbed_share'))})" for st, c, r in wb_rw),
+                    lo >= 1.5))
     seq, seq_in = [], []
     for ws, acc in (("out", seq), ("in", seq_in)):
         h = get(cells, "hdd", "seqread", ws, "cold")
@@ -180,6 +189,10 @@ def goals(cells, hit_pair):
                     "(evaluated on the 1 GiB working set: 4–5 s per cell)",
                     f"lowest {lo:.2f}× (" + "; ".join(n for _, n in seq) + extra + ")", lo >= 0.9))
     return out
+
+
+def fpct(share):
+    return "—" if share is None else f"{share * 100:.0f}%"
 
 
 def fmib(b):
@@ -204,12 +217,14 @@ def randwrite_table(cells, he):
       "below, side by side. Write-back acknowledges a write once the SSD has it (a FLUSH or FUA makes it "
       "durable, through a journal commit); write-through once the hard drive has it too. *dirty at the end*, *written back* "
       "and *around a full cache* are write-back's `dirty_bytes` after the cell and the growth of "
-      "`bytes_cleaned` and `bytes_written_around_full` during it (`ssdcache stats --json`).")
+      "`bytes_cleaned` and `bytes_written_around_full` during it (`ssdcache stats --json`); *absorbed* is "
+      "the share of the bytes written after fio's ramp that the cache took (into a dirty line, or a line "
+      "the cleaner freed) instead of sending them around a cache at its dirty limit.")
     w("")
     w("| working set | state | write-back IOPS | write-through IOPS | raw HDD IOPS | write-back × HDD | "
       "write-through × HDD | write-back × write-through | write p99: write-back / write-through / HDD | "
-      "dirty at the end | written back | around a full cache |")
-    w("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+      "dirty at the end | written back | around a full cache | absorbed |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for ws, st, wb, wt, hdd in rows:
         ws_l = f"{he['ws_in_mib'] if ws == 'in' else he['ws_out_mib']} MiB"
         iops = lambda c: f"{c['iops']:,.0f}" if c else "—"
@@ -217,7 +232,7 @@ def randwrite_table(cells, he):
         w(f"| {ws_l} | {st} | **{iops(wb)}** | {iops(wt)} | {iops(hdd)} | **{fx(ratio(wb, hdd), 1)}** | "
           f"{fx(ratio(wt, hdd), 2)} | {fx(ratio(wb, wt), 1)} | {p99} | "
           f"{fmib(wb.get('end_dirty_bytes')) if wb else '—'} | {fmib(wb.get('d_bytes_cleaned')) if wb else '—'} | "
-          f"{fmib(wb.get('d_bytes_written_around_full')) if wb else '—'} |")
+          f"{fmib(wb.get('d_bytes_written_around_full')) if wb else '—'} | {fpct(wb.get('absorbed_share')) if wb else '—'} |")
     w("")
     return out
 

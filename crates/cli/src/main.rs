@@ -120,7 +120,8 @@ backing device.\n\n\
 Write-back: a cleaner thread writes dirty data back in address order with large merged writes: \
 every dirty line above --writeback-high (down to --writeback-low), and below it data older than \
 --writeback-max-age; 32 writes in flight while the backing device is idle, a trickle (one write, \
-then a 50 ms pause) while clients use it. When no line can \
+then a 50 ms pause) while clients use it (a batch begun on an idle disk stops at the first \
+client request that uses it). When no line can \
 be freed (the cache is full of dirty data) a write goes to the backing device directly.\n\n\
 Settings come from flags, from a TOML file given with --config, or both (flags win). See \
 docs/operations.md for the file format. A control socket (--control) answers `ssdcache stats` \

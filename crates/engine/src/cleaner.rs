@@ -75,6 +75,9 @@ pub struct BatchReport {
     /// Extents skipped because a client changed them meanwhile, or that failed.
     pub extents_skipped: u64,
     pub extents_failed: u64,
+    /// Extents not begun because a client used the backing device meanwhile (they stay dirty
+    /// for a later batch).
+    pub extents_deferred: u64,
 }
 
 /// The state a cache keeps for its cleaner thread.
@@ -86,6 +89,19 @@ pub(crate) struct CleanerState {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The background committer (`CommitRequests`), started and stopped with the cleaner.
     committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// How a batch's writes share the backing device with clients.
+#[derive(Debug, Clone, Copy)]
+enum Pace {
+    /// Every write at the batch's depth, to the end (`ssdcache flush`, drains).
+    ToTheEnd,
+    /// At the batch's depth while no client has used the backing device for this long; from
+    /// the first client request on, no further write starts and the batch ends with what it
+    /// wrote (the writes in flight finish).
+    WhileIdle(Duration),
+    /// This pause after each write (with one write in flight: the trickle).
+    Trickle(Duration),
 }
 
 /// Which dirty lines a batch takes.
@@ -123,6 +139,10 @@ enum Outcome {
     Written,
     Skipped,
     Failed,
+    /// Not begun: the batch began at full depth on an idle backing device, and a client used
+    /// the device since (`Pace::WhileIdle`). The lines stay dirty where they are, for a later
+    /// batch.
+    Deferred,
 }
 
 impl Cache {
@@ -134,17 +154,17 @@ impl Cache {
         depth: usize,
         select: Select,
     ) -> Result<BatchReport> {
-        self.clean_batch_paced(cfg, depth, select, cfg.batch_lines, None)
+        self.clean_batch_paced(cfg, depth, select, cfg.batch_lines, Pace::ToTheEnd)
     }
 
-    /// `clean_batch` with `batch_lines` lines and, with `pause`, a pause after each write.
+    /// `clean_batch` with `batch_lines` lines, its writes paced by `pace`.
     fn clean_batch_paced(
         &self,
         cfg: &CleanerConfig,
         depth: usize,
         select: Select,
         batch_lines: usize,
-        pause: Option<Duration>,
+        pace: Pace,
     ) -> Result<BatchReport> {
         self.core().check_running()?;
         let lines = self.plan(batch_lines, select);
@@ -152,7 +172,7 @@ impl Cache {
             return Ok(BatchReport::default());
         }
         let extents = merge_extents(&lines, self.layout().line_size, cfg.max_write);
-        let outcomes = self.write_extents(&extents, depth.max(1), pause);
+        let outcomes = self.write_extents(&extents, depth.max(1), pace);
         let mut report = BatchReport::default();
         let mut cleaned: HashMap<u32, (DirtyLine, SectorBitmap)> = HashMap::new();
         let mut touched = vec![false; self.volumes().len()];
@@ -176,9 +196,11 @@ impl Cache {
                 }
                 Outcome::Skipped => report.extents_skipped += 1,
                 Outcome::Failed => report.extents_failed += 1,
+                Outcome::Deferred => report.extents_deferred += 1,
             }
         }
         self.pass_over_unwritten(&extents, &outcomes);
+        self.resume_sweep_at_deferred(select, &extents, &outcomes);
         // Clean before forgetting: nothing is recorded clean until the backing device says
         // the data is durable.
         for (vol, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
@@ -213,11 +235,33 @@ impl Cache {
     fn pass_over_unwritten(&self, extents: &[Extent], outcomes: &[Outcome]) {
         let mut map = self.core().map();
         for (extent, outcome) in extents.iter().zip(outcomes) {
-            if !matches!(outcome, Outcome::Written) {
+            if matches!(outcome, Outcome::Skipped | Outcome::Failed) {
                 for p in &extent.parts {
                     map.pass_over_dirty(p.line.slot, p.line.key);
                 }
             }
+        }
+    }
+
+    /// The address-ordered sweep goes on from the first line a batch deferred, not past it
+    /// (the sweep's cursor moved past the whole batch when it was planned). The coldest-first
+    /// selection needs nothing: deferred lines are still the coldest.
+    fn resume_sweep_at_deferred(&self, select: Select, extents: &[Extent], outcomes: &[Outcome]) {
+        if let Select::Coldest = select {
+            return;
+        }
+        let first_deferred = extents
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| matches!(o, Outcome::Deferred))
+            .flat_map(|(e, _)| e.parts.iter().map(|p| p.line.key))
+            .min();
+        if let Some(key) = first_deferred {
+            *self
+                .cleaner
+                .cursor
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = key;
         }
     }
 
@@ -255,19 +299,25 @@ impl Cache {
         lines
     }
 
-    fn write_extents(
-        &self,
-        extents: &[Extent],
-        depth: usize,
-        pause: Option<Duration>,
-    ) -> Vec<Outcome> {
+    fn write_extents(&self, extents: &[Extent], depth: usize, pace: Pace) -> Vec<Outcome> {
+        // Once a client used the disk, no write of this batch starts any more (latched: the
+        // batch's remaining lines wait for a trickled one rather than resume at full depth).
+        let client_came = AtomicBool::new(false);
         in_parallel(extents, depth, |extent| {
+            if let Pace::WhileIdle(idle_after) = pace {
+                if client_came.load(Ordering::Acquire)
+                    || self.core().backing_idle_for() < idle_after
+                {
+                    client_came.store(true, Ordering::Release);
+                    return Outcome::Deferred;
+                }
+            }
             // A halted engine starts no further writeback (§4.7).
             let outcome = match self.core().check_running() {
                 Ok(()) => self.write_extent(extent),
                 Err(_) => Outcome::Failed,
             };
-            if let Some(p) = pause {
+            if let Pace::Trickle(p) = pace {
                 std::thread::sleep(p);
             }
             outcome
@@ -626,15 +676,25 @@ impl Cache {
             // use it the cleaner trickles (one write in flight, a pause after each; when the
             // cache is full of dirty data the clients' writes go to the disk, and they would
             // otherwise lose it to the cleaner's). Only an explicit flush takes it whole.
+            // A batch begun on an idle disk ends early, at the first client request that uses
+            // it (`Pace::WhileIdle`): otherwise a batch of thousands of scattered lines, begun
+            // while a write burst filled the cache, would keep its full depth for many seconds
+            // after the clients' writes began to go to the disk (measured: half the disk, and
+            // random writes at 0.58x the bare disk; issue 11).
             let idle = self.core().backing_idle_for() >= cfg.idle_after;
-            let urgent = draining;
-            let (depth, batch, pause) = if urgent || idle {
-                (cfg.max_in_flight, cfg.batch_lines, None)
+            let (depth, batch, pace) = if draining {
+                (cfg.max_in_flight, cfg.batch_lines, Pace::ToTheEnd)
+            } else if idle {
+                (
+                    cfg.max_in_flight,
+                    cfg.batch_lines,
+                    Pace::WhileIdle(cfg.idle_after),
+                )
             } else {
                 (
                     cfg.busy_in_flight,
                     cfg.busy_batch_lines,
-                    Some(cfg.busy_pause),
+                    Pace::Trickle(cfg.busy_pause),
                 )
             };
             // A drain takes everything, fastest in address order; dirty pressure takes the
@@ -646,7 +706,7 @@ impl Cache {
             } else {
                 Select::DirtySince(now.saturating_sub(age_limit))
             };
-            match self.clean_batch_paced(cfg, depth, select, batch, pause) {
+            match self.clean_batch_paced(cfg, depth, select, batch, pace) {
                 Ok(r) => {
                     if r.lines_cleaned == 0 {
                         if aged && !draining && !above_high {
