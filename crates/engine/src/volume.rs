@@ -515,6 +515,19 @@ impl Volume {
     }
 
     /// True when every sector of the range is in the cache.
+    /// Whether a write-back write would find a slot to dirty for every segment now (as
+    /// `slot_to_dirty` decides, without allocating): below the dirty limit, or every line
+    /// holds dirty data already.
+    fn absorbable(&self, offset: u64, length: u64) -> bool {
+        let map = self.core.map_read();
+        map.may_dirty_another_line()
+            || self.segments(offset, length).all(|seg| {
+                map.peek(self.id, seg.line)
+                    .and_then(|hit| map.dirty_of(hit.slot))
+                    .is_some_and(|d| !d.is_empty())
+            })
+    }
+
     fn all_cached(&self, offset: u64, length: u64) -> bool {
         let map = self.core.map_read();
         self.segments(offset, length)
@@ -1254,9 +1267,10 @@ impl Volume {
 
     /// Whether a read (`is_write` false) or write of `length` bytes at `offset` will probably
     /// be served by the cache device alone, never waiting for the backing device: a read whose
-    /// every sector is in the cache now, or a write in write-back mode on a healthy cache.
-    /// Write-through and write-around writes, reads that miss, and requests out of range are
-    /// `false`. Cheap: one look at the map per line, no line lock, no change to the policy's
+    /// every sector is in the cache now, or a write in write-back mode on a healthy cache that
+    /// is below its dirty limit or whose every line holds dirty data already (at the limit a
+    /// write to any other line goes to the backing device). Write-through and write-around
+    /// writes, reads that miss, and requests out of range are `false`. Cheap: one look at the map per line, no line lock, no change to the policy's
     /// view of use. It is a hint (the NBD server picks a worker lane with it): the answer may
     /// be wrong by the time the request runs (a line evicted, a write sent around a full cache
     /// or a stream), which costs latency only, never correctness.
@@ -1268,7 +1282,7 @@ impl Volume {
             return false;
         }
         if is_write {
-            return self.caches_writes_back();
+            return self.caches_writes_back() && self.absorbable(offset, length);
         }
         if self.mode() == CacheMode::PassThrough {
             return false;

@@ -65,3 +65,37 @@ fn only_write_back_writes_are_fast() {
     let (_cache, around) = volume(CacheMode::WriteAround);
     assert!(!around.likely_served_from_cache(true, 0, SECTOR));
 }
+
+/// At the dirty limit a write-back write to a line without dirty data goes to the backing
+/// device, so the hint sends it to the slow lane (on a fast worker it would hold a worker a
+/// hit may need for a disk write); an overwrite of a dirty line is still absorbed: fast.
+#[test]
+fn write_back_writes_at_the_dirty_limit_are_slow_unless_they_overwrite_dirty_lines() {
+    let (cache, vol) = volume(CacheMode::WriteBack);
+    let limit = cache.dirty_limit_lines();
+    assert!(
+        limit >= 2,
+        "the test needs a limit of a few lines, got {limit}"
+    );
+    for line in 0..limit {
+        assert!(
+            vol.likely_served_from_cache(true, line * LINE, SECTOR),
+            "below the limit (line {line})"
+        );
+        vol.write(line * LINE, &common::data(line + 1, SECTOR as usize), false)
+            .expect("write-back write");
+    }
+    assert_eq!(cache.dirty_lines(), limit, "every write dirtied a line");
+    assert!(
+        vol.likely_served_from_cache(true, SECTOR, SECTOR),
+        "an overwrite of a dirty line is absorbed at the limit"
+    );
+    assert!(
+        !vol.likely_served_from_cache(true, limit * LINE, SECTOR),
+        "a write to a line without dirty data goes around at the limit"
+    );
+    assert!(
+        !vol.likely_served_from_cache(true, (limit - 1) * LINE, 2 * LINE),
+        "a write reaching past the last dirty line goes around in part"
+    );
+}
