@@ -169,6 +169,11 @@ impl Backing {
     pub fn flush_failed(&self) -> bool {
         self.flush_failed.load(Ordering::SeqCst)
     }
+
+    /// Whether a flush now would reach the device (a write returned since the last flush).
+    pub fn has_unflushed_writes(&self) -> bool {
+        self.flushed.load(Ordering::SeqCst) < self.completed.load(Ordering::SeqCst)
+    }
 }
 
 /// Commits asked of the background committer. A client write whose changes fill a batch

@@ -1188,6 +1188,11 @@ impl Volume {
     pub fn flush(&self) -> Result<()> {
         self.core.check_running()?;
         self.count(Counter::Flushes, 1);
+        if self.backing().has_unflushed_writes() {
+            // The client waits for the disk (often for the cleaner's writes): it is using
+            // the disk, so a cleaner batch begun while it was idle stops (review 14).
+            self.core.note_client_backing_io();
+        }
         self.flush_backing()?;
         if self.needs_commit() {
             self.commit()?;
