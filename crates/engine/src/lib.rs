@@ -14,6 +14,7 @@ mod locks;
 mod map;
 pub mod policy;
 pub mod residency;
+mod sector_bits;
 pub mod superblock;
 mod sync;
 mod touches;
