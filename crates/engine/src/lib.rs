@@ -15,6 +15,7 @@ mod map;
 pub mod policy;
 pub mod residency;
 mod sector_bits;
+mod slot_index;
 pub mod superblock;
 mod sync;
 mod touches;
