@@ -153,8 +153,7 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
         if key == NO_KEY
             || (slot as usize) >= self.keys.len()
             || self.is_mapped(slot)
-            || self.slot_of(key).is_some()
-            || !self.index.insert(key, slot)
+            || !self.index.insert(key, slot, &self.keys)
         {
             return false;
         }
@@ -174,7 +173,8 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
             self.policy.remove(slot);
         }
         // Before the key goes: the index compares against it.
-        self.index.remove(key, &self.keys);
+        let removed = self.index.remove(key, slot, &self.keys);
+        debug_assert!(removed, "slot {slot}'s key was not in the index");
         self.keys[slot as usize] = NO_KEY;
         key
     }
