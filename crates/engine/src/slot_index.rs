@@ -393,6 +393,66 @@ mod tests {
         }
     }
 
+    /// review15: as `check_against_model`, with the entry fields of a cache of `wide_slots`
+    /// slots (few or no distance and hash bits), which the other property tests (under 80
+    /// slots: 5 distance bits and hash bits always) never reach.
+    fn check_with_fields_of<S: BuildHasher>(wide_slots: u32, slots: u32, hasher: S, ops: Vec<Op>) {
+        let mut index = SlotIndex::new(slots, hasher);
+        index.fields = Fields::for_slots(wide_slots);
+        let mut keys = vec![LineKey::MAX; slots as usize];
+        let mut free: Vec<u32> = (0..slots).rev().collect();
+        let mut model: HashMap<LineKey, u32> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Insert(key) => {
+                    let Some(slot) = free.pop() else { continue };
+                    let inserted = index.insert(key, slot, &keys);
+                    assert_eq!(inserted, !model.contains_key(&key), "insert {key}");
+                    if inserted {
+                        keys[slot as usize] = key;
+                        model.insert(key, slot);
+                    } else {
+                        free.push(slot);
+                    }
+                }
+                Op::Remove(key) => {
+                    let slot = model
+                        .get(&key)
+                        .copied()
+                        .unwrap_or((key as u32) % slots.max(1));
+                    let removed = index.remove(key, slot, &keys);
+                    assert_eq!(removed, model.remove(&key).is_some(), "remove {key}");
+                    if removed {
+                        keys[slot as usize] = LineKey::MAX;
+                        free.push(slot);
+                    }
+                }
+            }
+            for key in 0..KEYS {
+                assert_eq!(index.get(key, &keys), model.get(&key).copied(), "key {key}");
+            }
+            check_entries(&index, &keys);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn review15_wide_cache_fields_match_a_hash_map(
+            wide in prop::sample::select(vec![1u32 << 26, 1 << 27, 1 << 28, 1 << 29, 1 << 30, 1 << 31, u32::MAX - 1]),
+            slots in 1u32..80,
+            clustered in any::<bool>(),
+            ops in ops(),
+        ) {
+            if clustered {
+                check_with_fields_of(wide, slots, BuildClustering, ops);
+            } else {
+                check_with_fields_of(wide, slots, RandomState::new(), ops);
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
