@@ -393,6 +393,72 @@ mod tests {
         }
     }
 
+    /// review15: rustc-hash 2.1.3's `FxHasher` for one u64 (what `ssdcache simulate` gives its
+    /// `Residency`: crates/sim/src/simulate.rs), restated: (0 + key) × K, rotated left 26.
+    #[derive(Clone, Default)]
+    struct Fx213(u64);
+
+    impl Hasher for Fx213 {
+        fn finish(&self) -> u64 {
+            self.0.rotate_left(26)
+        }
+        fn write(&mut self, _: &[u8]) {
+            unreachable!("keys are u64")
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = self.0.wrapping_add(n).wrapping_mul(0xf135_7aea_2e62_a9c5);
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct BuildFx213;
+
+    impl BuildHasher for BuildFx213 {
+        type Hasher = Fx213;
+        fn build_hasher(&self) -> Fx213 {
+            Fx213::default()
+        }
+    }
+
+    /// Mean entries a lookup of each held key looks at.
+    fn mean_probes<S: BuildHasher>(index: &SlotIndex<S>, keys: &[LineKey]) -> f64 {
+        let total: usize = keys
+            .iter()
+            .map(|&key| {
+                let at = index.find(key, keys).expect("held");
+                index.steps(index.place(key).0, at) + 1
+            })
+            .sum();
+        total as f64 / keys.len() as f64
+    }
+
+    /// review15: a multi-volume trace in the simulator. Its keys are `volume << 48 | block`
+    /// (crates/sim/src/trace/blocks.rs); the home comes from the hash's top bits, which for
+    /// Fx (× K, rotate left 26) are bits 37 and below of key × K, which no key bit from 48 up
+    /// changes: the same block of every volume has the same home (and the same hash bits), so
+    /// 32 volumes make runs of 32. The module promises 1.5 entries per lookup at this load;
+    /// `HashMap` (hashbrown takes the hash's low bits, which the volume bits do reach) did
+    /// not have this. Only speed: lookups stay correct.
+    #[test]
+    fn review15_fx_keys_of_many_volumes_do_not_share_homes() {
+        let (volumes, blocks) = (32u64, 2048u64);
+        let keys: Vec<LineKey> = (0..volumes)
+            .flat_map(|v| (0..blocks).map(move |b| v << 48 | b))
+            .collect();
+        let slots = keys.len() as u32;
+        let mut fx = SlotIndex::new(slots, BuildFx213);
+        let mut keyed = SlotIndex::new(slots, RandomState::new());
+        for (slot, &key) in keys.iter().enumerate() {
+            assert!(fx.insert(key, slot as u32, &keys));
+            assert!(keyed.insert(key, slot as u32, &keys));
+        }
+        let (fx_probes, keyed_probes) = (mean_probes(&fx, &keys), mean_probes(&keyed, &keys));
+        assert!(
+            fx_probes < 3.0,
+            "Fx: {fx_probes:.1} entries per lookup at load 1/2 (keyed hasher: {keyed_probes:.1})"
+        );
+    }
+
     /// review15: as `check_against_model`, with the entry fields of a cache of `wide_slots`
     /// slots (few or no distance and hash bits), which the other property tests (under 80
     /// slots: 5 distance bits and hash bits always) never reach.
