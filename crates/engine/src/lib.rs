@@ -14,6 +14,8 @@ mod locks;
 mod map;
 pub mod policy;
 pub mod residency;
+mod sector_bits;
+mod slot_index;
 pub mod superblock;
 mod sync;
 mod touches;

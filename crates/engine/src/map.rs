@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use crate::locks::{line_key, LineKey, LineLocks};
 use crate::policy::ReplacementPolicy;
 use crate::residency::{Residency, Standing, NO_KEY};
+use crate::sector_bits::SlotBitmaps;
 use ssdcache_format::lines::RECORD_UNVERIFIED;
 use ssdcache_format::superblock::MAX_VOLUMES;
 use ssdcache_format::{LineRecord, SectorBitmap};
@@ -42,14 +43,13 @@ pub fn line_of(key: LineKey) -> u64 {
 pub struct MapState {
     /// Which line each slot holds, the free list, and the ranking of clean and dirty slots.
     slots: Residency<'static>,
-    /// Valid-sector and dirty-sector words, `words_per_line` per slot. Dirty implies valid.
-    valid: Vec<u64>,
-    dirty: Vec<u64>,
-    words_per_line: usize,
+    /// Valid and dirty sectors of each slot. Dirty implies valid.
+    valid: SlotBitmaps,
+    dirty: SlotBitmaps,
     sectors_per_line: usize,
     /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid.
     crcs: Vec<u32>,
-    /// Dirty sectors whose checksum may not describe their data, `words_per_line` per slot.
+    /// Dirty sectors whose checksum may not describe their data.
     /// After an unclean stop every dirty sector restored from the journal is one: its checksum
     /// is the one the last commit recorded, and a write made after that commit (not yet
     /// flushed, so allowed to be lost or kept) may have replaced the data in place. A read of
@@ -59,7 +59,7 @@ pub struct MapState {
     /// an exact checksum, or when it stops being dirty. Records carry one bit for the slot
     /// (`RECORD_UNVERIFIED`), so across a clean stop the mark widens to all of the slot's
     /// dirty sectors.
-    unverified: Vec<u64>,
+    unverified: SlotBitmaps,
     /// Dirty sectors that hold either the data their checksum describes or a failed write's,
     /// whose checksum is kept here: a write-back write that failed on both devices and whose
     /// read-back failed too (`allow_either`). Only those two values are accepted. Recorded as
@@ -78,13 +78,13 @@ pub struct MapState {
     dirty_since: Vec<u32>,
     /// Dirty slots by backing address, for the cleaner's sweep.
     dirty_index: BTreeMap<LineKey, u32>,
-    /// The sectors the durable metadata may call dirty, `words_per_line` per slot: the union
+    /// The sectors of each slot the durable metadata may call dirty: the union
     /// of the dirty bits of every record handed to a commit since the last completed commit
     /// that recorded the slot. A slot with any is never reused until a commit says otherwise
     /// (its data may be the only copy after a crash), and such a sector that is no longer
     /// dirty keeps its bytes (a crash may bring its record back, whose checksum must still
     /// match): fills skip it, writes through drop it.
-    recorded_dirty: Vec<u64>,
+    recorded_dirty: SlotBitmaps,
     /// Slots whose dirty state changed since the last commit.
     changed: Vec<u32>,
     is_changed: Vec<bool>,
@@ -157,22 +157,20 @@ impl MapState {
         sectors_per_line: usize,
         policy: Box<dyn ReplacementPolicy>,
     ) -> MapState {
-        let words_per_line = sectors_per_line.div_ceil(64);
         let n = line_count as usize;
         MapState {
             slots: Residency::new(line_count, policy),
-            valid: vec![0; n * words_per_line],
-            dirty: vec![0; n * words_per_line],
-            words_per_line,
+            valid: SlotBitmaps::new(n, sectors_per_line),
+            dirty: SlotBitmaps::new(n, sectors_per_line),
             sectors_per_line,
             crcs: vec![0; n * sectors_per_line],
-            unverified: vec![0; n * words_per_line],
+            unverified: SlotBitmaps::new(n, sectors_per_line),
             either: HashMap::new(),
             damaged: HashMap::new(),
             epoch: vec![0; n],
             dirty_since: vec![0; n],
             dirty_index: BTreeMap::new(),
-            recorded_dirty: vec![0; n * words_per_line],
+            recorded_dirty: SlotBitmaps::new(n, sectors_per_line),
             changed: Vec::new(),
             is_changed: vec![false; n],
             pending_free: Vec::new(),
@@ -184,19 +182,12 @@ impl MapState {
         }
     }
 
-    fn load(words: &[u64], wpl: usize, slot: u32) -> SectorBitmap {
-        let at = slot as usize * wpl;
-        let mut b = SectorBitmap::default();
-        b.0[..wpl].copy_from_slice(&words[at..at + wpl]);
-        b
-    }
-
     fn valid_bits(&self, slot: u32) -> SectorBitmap {
-        Self::load(&self.valid, self.words_per_line, slot)
+        self.valid.get(slot)
     }
 
     fn dirty_bits(&self, slot: u32) -> SectorBitmap {
-        Self::load(&self.dirty, self.words_per_line, slot)
+        self.dirty.get(slot)
     }
 
     /// Stores both bitmaps of a slot and keeps the statistics, the dirty index and the change
@@ -215,10 +206,8 @@ impl MapState {
             self.sectors_valid[vol] + u64::from(valid.count()) - u64::from(old_valid.count());
         self.sectors_dirty[vol] =
             self.sectors_dirty[vol] + u64::from(dirty.count()) - u64::from(old_dirty.count());
-        let wpl = self.words_per_line;
-        let at = slot as usize * wpl;
-        self.valid[at..at + wpl].copy_from_slice(&valid.0[..wpl]);
-        self.dirty[at..at + wpl].copy_from_slice(&dirty.0[..wpl]);
+        self.valid.set(slot, &valid);
+        self.dirty.set(slot, &dirty);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         if old_dirty != dirty {
             self.note_changed(slot);
@@ -354,11 +343,9 @@ impl MapState {
         }
         self.lines_used[vol] -= 1;
         self.slots.vacate(slot);
-        let wpl = self.words_per_line;
-        let at = slot as usize * wpl;
-        self.valid[at..at + wpl].fill(0);
-        self.dirty[at..at + wpl].fill(0);
-        self.unverified[at..at + wpl].fill(0);
+        self.valid.clear(slot);
+        self.dirty.clear(slot);
+        self.unverified.clear(slot);
         self.either.remove(&slot);
         self.damaged.remove(&slot);
         self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
@@ -383,15 +370,12 @@ impl MapState {
 
     /// Whether the durable metadata may call any sector of the slot dirty.
     fn maybe_durable_dirty(&self, slot: u32) -> bool {
-        let at = slot as usize * self.words_per_line;
-        self.recorded_dirty[at..at + self.words_per_line]
-            .iter()
-            .any(|&w| w != 0)
+        !self.recorded_dirty.is_empty(slot)
     }
 
     /// The sectors of a slot the durable metadata may call dirty (see `recorded_dirty`).
     pub fn recorded_dirty_of(&self, slot: u32) -> SectorBitmap {
-        Self::load(&self.recorded_dirty, self.words_per_line, slot)
+        self.recorded_dirty.get(slot)
     }
 
     fn add_recorded_dirty(&mut self, slot: u32, dirty: &SectorBitmap) {
@@ -403,9 +387,7 @@ impl MapState {
     }
 
     fn set_recorded_dirty(&mut self, slot: u32, bits: &SectorBitmap) {
-        let wpl = self.words_per_line;
-        let at = slot as usize * wpl;
-        self.recorded_dirty[at..at + wpl].copy_from_slice(&bits.0[..wpl]);
+        self.recorded_dirty.set(slot, bits);
         self.refresh_standing(slot);
     }
 
@@ -522,13 +504,11 @@ impl MapState {
     }
 
     fn unverified_bits(&self, slot: u32) -> SectorBitmap {
-        Self::load(&self.unverified, self.words_per_line, slot)
+        self.unverified.get(slot)
     }
 
     fn set_unverified_bits(&mut self, slot: u32, bits: &SectorBitmap) {
-        let wpl = self.words_per_line;
-        let at = slot as usize * wpl;
-        self.unverified[at..at + wpl].copy_from_slice(&bits.0[..wpl]);
+        self.unverified.set(slot, bits);
     }
 
     /// Whether the slot's record must carry `RECORD_UNVERIFIED`.
@@ -954,7 +934,7 @@ impl MapState {
     /// dirty is durably free.
     pub fn commit_done(&mut self, records: &[(u32, LineRecord)], compaction: bool) {
         if compaction {
-            self.recorded_dirty.fill(0);
+            self.recorded_dirty.clear_all();
             for slot in self.slots.held_slots() {
                 self.refresh_standing(slot);
             }

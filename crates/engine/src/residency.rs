@@ -16,18 +16,18 @@
 //! number bounded by the requests in flight). A line that becomes dirty leaves the policy
 //! (without a ghost: it was not evicted) and comes back as a new line when it is clean again.
 //!
-//! Everything is allocated at construction (the index with room for every slot), so nothing
-//! rehashes or grows under load. The engine's index uses the standard library's keyed hasher
-//! (the keys come from client offsets, so a fixed hash could be steered into collisions); the
-//! simulator, which reads traces, may use a faster one.
+//! Everything is allocated at construction (the index with room for every slot, `SlotIndex`),
+//! so nothing rehashes or grows under load. The engine's index uses the standard library's
+//! keyed hasher (the keys come from client offsets, so a fixed hash could be steered into
+//! collisions); the simulator, which reads traces, may use a faster one.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 use crate::locks::LineKey;
 use crate::policy::list::Lists;
 use crate::policy::ReplacementPolicy;
+use crate::slot_index::SlotIndex;
 
 /// The key of a slot that holds no line.
 pub const NO_KEY: LineKey = u64::MAX;
@@ -45,7 +45,8 @@ const HELD: usize = 1;
 
 /// `'p`: how long the policy lives (`'static` but for a replay of a borrowed policy).
 pub struct Residency<'p, S = RandomState> {
-    index: HashMap<LineKey, u32, S>,
+    /// Key to slot; compares against `keys`.
+    index: SlotIndex<S>,
     /// The key each slot holds, `NO_KEY` when free.
     keys: Vec<LineKey>,
     free: Vec<u32>,
@@ -70,7 +71,7 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
         hasher: S,
     ) -> Residency<'p, S> {
         Residency {
-            index: HashMap::with_capacity_and_hasher(slots as usize, hasher),
+            index: SlotIndex::new(slots, hasher),
             keys: vec![NO_KEY; slots as usize],
             // Popping from the end hands out low slots first.
             free: (0..slots).rev().collect(),
@@ -85,7 +86,7 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
 
     /// The slot holding `key`.
     pub fn slot_of(&self, key: LineKey) -> Option<u32> {
-        self.index.get(&key).copied()
+        self.index.get(key, &self.keys)
     }
 
     /// The key a slot holds, `NO_KEY` when it is free (or out of range).
@@ -149,14 +150,14 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
     /// when the slot is mapped or the key is held elsewhere.
     #[must_use]
     pub fn occupy(&mut self, slot: u32, key: LineKey) -> bool {
-        if (slot as usize) >= self.keys.len()
+        if key == NO_KEY
+            || (slot as usize) >= self.keys.len()
             || self.is_mapped(slot)
-            || self.index.contains_key(&key)
+            || !self.index.insert(key, slot, &self.keys)
         {
             return false;
         }
         self.keys[slot as usize] = key;
-        self.index.insert(key, slot);
         self.policy.insert(slot, key);
         true
     }
@@ -171,7 +172,9 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
         if !self.unevictable.unlink(slot) {
             self.policy.remove(slot);
         }
-        self.index.remove(&key);
+        // Before the key goes: the index compares against it.
+        let removed = self.index.remove(key, slot, &self.keys);
+        debug_assert!(removed, "slot {slot}'s key was not in the index");
         self.keys[slot as usize] = NO_KEY;
         key
     }
