@@ -76,6 +76,15 @@ impl Fields {
     }
 }
 
+/// MurmurHash3's fmix64: a bijection of u64 in which every input bit affects every output bit.
+fn mix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
 pub struct SlotIndex<S> {
     table: Vec<u32>,
     fields: Fields,
@@ -105,7 +114,11 @@ impl<S: BuildHasher> SlotIndex<S> {
 
     /// The key's home position and the hash bits its entries carry.
     fn place(&self, key: LineKey) -> (usize, u32) {
-        let hash = self.hasher.hash_one(key);
+        // Mixed once more (the 64-bit finaliser of MurmurHash3) so that every key bit reaches
+        // the high bits the home comes from and the low bits the tag comes from, whatever the
+        // hasher: the simulator's Fx hash leaves its high bits blind to a key's volume bits,
+        // which put the same block of every volume at one home (review 15).
+        let hash = mix64(self.hasher.hash_one(key));
         // The high half of hash × capacity: a position in 0..capacity from the hash's high
         // bits (Lemire's multiply-shift, no division); the tag comes from its low bits.
         let home = ((u128::from(hash) * self.table.len() as u128) >> 64) as usize;
