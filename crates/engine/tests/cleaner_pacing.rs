@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{data, format_dev, open_dyn, MIB};
+use common::{data, format_dev, open_dyn, wait_for, MIB};
 use ssdcache_device::BlockDevice;
 use ssdcache_devsim::MemDevice;
 use ssdcache_engine::CleanerConfig;
@@ -66,14 +66,6 @@ impl BlockDevice for SlowDisk {
     }
     fn describe(&self) -> String {
         self.inner.describe()
-    }
-}
-
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let began = Instant::now();
-    while !done() {
-        assert!(began.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -226,3 +226,12 @@ pub fn sector_map(got: &[u8], a: &[u8], b: &[u8], o: &[u8]) -> String {
         })
         .collect()
 }
+
+/// Polls `done` every 2 ms; fails the test naming `what` when it is not true within `limit`.
+pub fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let began = std::time::Instant::now();
+    while !done() {
+        assert!(began.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
