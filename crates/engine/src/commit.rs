@@ -18,6 +18,7 @@ use std::sync::Arc;
 use ssdcache_device::BlockDevice;
 use ssdcache_format::{Layout, LineRecord};
 
+use crate::backing_order::{BackingOrder, PendingFill, WriteInFlight};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,38 +37,9 @@ pub(crate) struct Backing {
     /// bring them back, so every later flush fails too (a failed flush is never retried and
     /// forgotten) until the daemon restarts.
     flush_failed: AtomicBool,
-    /// Backing ranges `(offset, end)` the cleaner is writing back right now, at most its writes
-    /// in flight (32). It writes them without holding the lines (so hits on them never wait
-    /// for the disk); a client write to the backing device waits for an overlapping one
-    /// instead, so the cleaner's older data can never land after it.
-    writebacks: Mutex<Vec<(u64, u64)>>,
-    writeback_ended: Condvar,
-}
-
-/// Whether `(start, end)` overlaps any of `ranges`.
-fn overlaps_any(ranges: &[(u64, u64)], (start, end): (u64, u64)) -> bool {
-    ranges.iter().any(|&(s, e)| s < end && start < e)
-}
-
-/// A writeback of the cleaner in flight on a backing device; ends when dropped.
-pub(crate) struct WritebackInFlight<'a> {
-    backing: &'a Backing,
-    range: (u64, u64),
-}
-
-impl Drop for WritebackInFlight<'_> {
-    fn drop(&mut self) {
-        let mut ranges = self
-            .backing
-            .writebacks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = ranges.iter().position(|&r| r == self.range) {
-            ranges.swap_remove(i);
-        }
-        drop(ranges);
-        self.backing.writeback_ended.notify_all();
-    }
+    /// Which writes run on the device now and which write-through fills wait (the order of
+    /// writes that run without their lines: `backing_order.rs`).
+    order: BackingOrder,
 }
 
 impl Backing {
@@ -78,42 +50,43 @@ impl Backing {
             completed: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
             flush_failed: AtomicBool::new(false),
-            writebacks: Mutex::new(Vec::new()),
-            writeback_ended: Condvar::new(),
+            order: BackingOrder::new(),
         }
     }
 
     /// Marks `[offset, offset + len)` as being written back by the cleaner until the returned
     /// guard is dropped. The cleaner takes it while it still holds the range's lines, having
     /// read and checked the dirty data, then releases the lines and writes. An overlapping
-    /// writeback still in flight (another batch: a drain beside the cleaner thread) is waited
-    /// for first: its data is older than what this one read (it was read before the lines were
-    /// released to the writes this one carries), so it must land first (review11 R11-1). It
-    /// holds no lock, so the wait ends when its device write returns.
-    pub fn begin_writeback(&self, offset: u64, len: u64) -> WritebackInFlight<'_> {
-        let range = (offset, offset.saturating_add(len));
-        let ranges = self.writebacks.lock().unwrap_or_else(|p| p.into_inner());
-        let mut ranges = self
-            .writeback_ended
-            .wait_while(ranges, |ranges| overlaps_any(ranges, range))
-            .unwrap_or_else(|p| p.into_inner());
-        ranges.push(range);
-        WritebackInFlight {
-            backing: self,
-            range,
-        }
+    /// write still in flight (another batch: a drain beside the cleaner thread; a client's
+    /// write-through write) is waited for first: its data is older than what this one read
+    /// (it was read before the lines were released to the writes this one carries), so it must
+    /// land first (review11 R11-1). It holds no lock, so the wait ends when its device write
+    /// returns.
+    pub fn begin_writeback(&self, offset: u64, len: u64) -> WriteInFlight<'_> {
+        self.order.begin_write(offset, len)
     }
 
-    /// Waits until no writeback of the cleaner overlaps `[offset, offset + len)`. Client
-    /// writes to the backing device call it holding their lines, so no new writeback of the
-    /// range can start meanwhile; one in flight ends when its device write returns.
-    pub fn wait_for_writebacks(&self, offset: u64, len: u64) {
-        let range = (offset, offset.saturating_add(len));
-        let ranges = self.writebacks.lock().unwrap_or_else(|p| p.into_inner());
-        let _ranges = self
-            .writeback_ended
-            .wait_while(ranges, |ranges| overlaps_any(ranges, range))
-            .unwrap_or_else(|p| p.into_inner());
+    /// A client write to the device: waits for overlapping writes in flight (the cleaner's
+    /// older data, or an earlier client write that released its lines) and supersedes pending
+    /// write-through fills of the range (`backing_order.rs`).
+    pub fn begin_client_write(&self, offset: u64, len: u64) -> WriteInFlight<'_> {
+        self.order.begin_write(offset, len)
+    }
+
+    /// A client write-through write that releases its lines during the disk write and fills
+    /// the cache afterwards if no overlapping write began meanwhile.
+    pub fn begin_write_through(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> (WriteInFlight<'_>, PendingFill<'_>) {
+        self.order.begin_write_then_fill(offset, len)
+    }
+
+    /// Waits until no write in flight overlaps `[offset, offset + len)`: a client read of the
+    /// device must not read, and cache, a half-written range.
+    pub fn wait_for_writes(&self, offset: u64, len: u64) {
+        self.order.wait_for_writes(offset, len);
     }
 
     pub fn describe(&self) -> String {

@@ -4,6 +4,7 @@
 //! It reaches devices only through `ssdcache_device::BlockDevice`.
 
 pub mod admission;
+mod backing_order;
 mod cache;
 pub mod cleaner;
 mod commit;

@@ -8,10 +8,12 @@ use ssdcache_format::{
 };
 
 use crate::admission::{Admission, NHitAdmission, Streams};
+use crate::backing_order::WriteInFlight;
 use crate::cache::{CacheCore, Mismatch};
 use crate::commit::{Backing, CommitPurpose};
 use crate::counters::StripedCounters;
 use crate::error::{EngineError, Result};
+use crate::locks::RangeGuard;
 use crate::map::MapState;
 use crate::sync::atomic::{AtomicU8, Ordering};
 use crate::sync::{Mutex, MutexGuard, RwLock};
@@ -433,7 +435,7 @@ impl Volume {
         // written; its sectors are dirty now, but they may be recorded clean before the caller
         // looks (and lays only dirty sectors over what it read). Once it ended, the backing
         // device holds them whole, and the caller's lines keep another from starting.
-        self.backing().wait_for_writebacks(offset, buf.len() as u64);
+        self.backing().wait_for_writes(offset, buf.len() as u64);
         self.backing()
             .read_at(buf, offset)
             .map_err(|e| self.backing_err(e))?;
@@ -442,13 +444,25 @@ impl Volume {
     }
 
     fn write_backing(&self, data: &[u8], offset: u64, fua: bool) -> Result<()> {
+        // Older writes of the range in flight without their lines (the cleaner's, a
+        // write-through write's) land first; a pending write-through fill of it is superseded.
+        let in_flight = self.backing().begin_client_write(offset, data.len() as u64);
+        self.write_backing_begun(data, offset, fua, in_flight)
+    }
+
+    /// Writes the backing device once the write is in flight in the device's order
+    /// (`backing_order.rs`); ends it when the device write returns.
+    fn write_backing_begun(
+        &self,
+        data: &[u8],
+        offset: u64,
+        fua: bool,
+        in_flight: WriteInFlight<'_>,
+    ) -> Result<()> {
         self.core.note_client_backing_io();
-        // The cleaner's older data for the range must land first (it writes without the lines).
-        self.backing()
-            .wait_for_writebacks(offset, data.len() as u64);
-        self.backing()
-            .write_at(data, offset)
-            .map_err(|e| self.backing_err(e))?;
+        let written = self.backing().write_at(data, offset);
+        drop(in_flight);
+        written.map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesToBacking, data.len() as u64);
         if fua {
             self.flush_backing()?;
@@ -972,10 +986,17 @@ impl Volume {
         if bypass {
             self.count(Counter::BytesBypassed, length);
         }
+        // Outside write-back no write can dirty a line while this one runs (the mode is fixed),
+        // so lines without dirty data need not be held across the disk write.
+        let unheld = mode != CacheMode::WriteBack && !self.lines_hold_dirty_data(offset, length);
         match mode {
             CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
-                self.write_through(offset, data, fua)?;
-                drop(held);
+                if unheld {
+                    self.write_through_unheld(offset, data, fua, held)?;
+                } else {
+                    self.write_through(offset, data, fua)?;
+                    drop(held);
+                }
                 if fua && self.needs_commit() {
                     // The write may have superseded dirty sectors (while a mode change drains
                     // them): the journal must say so before the write counts as durable, or
@@ -994,8 +1015,12 @@ impl Volume {
                 }
             }
             _ => {
-                self.write_around(offset, data, fua)?;
-                drop(held);
+                if unheld {
+                    self.write_around_unheld(offset, data, fua, held)?;
+                } else {
+                    self.write_around(offset, data, fua)?;
+                    drop(held);
+                }
                 if fua && self.needs_commit() {
                     // The write may have superseded dirty data: the journal must say so before
                     // the write counts as durable, or recovery would bring the old data back.
@@ -1047,6 +1072,75 @@ impl Volume {
         self.invalidate(offset, data.len() as u64)
     }
 
+    /// Whether any line of the range holds dirty sectors, or sectors the durable journal may
+    /// still call dirty: writes of such lines keep them held throughout (their dirty data is
+    /// superseded under the lines, `put_written_through`).
+    fn lines_hold_dirty_data(&self, offset: u64, length: u64) -> bool {
+        let map = self.core.map_read();
+        self.segments(offset, length).any(|seg| {
+            map.peek(self.id, seg.line).is_some_and(|hit| {
+                map.dirty_of(hit.slot).is_some_and(|d| !d.is_empty())
+                    || !map.recorded_dirty_of(hit.slot).is_empty()
+            })
+        })
+    }
+
+    /// Write-around whose lines hold no dirty data, without holding them across the disk
+    /// write (`backing_order.rs`): the range leaves the cache first, so a read of it misses and
+    /// waits for this write on the disk; hits on the lines' other sectors go on meanwhile.
+    fn write_around_unheld(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        held: RangeGuard<'_>,
+    ) -> Result<()> {
+        let length = data.len() as u64;
+        let in_flight = self.backing().begin_client_write(offset, length);
+        self.invalidate(offset, length)?;
+        drop(held);
+        let written = self.write_backing_begun(data, offset, fua, in_flight);
+        if written.is_err() {
+            // A read meanwhile may have cached what the failed write left: drop it.
+            let (first, last) = self.line_range(offset, length);
+            let _held = self.core.locks.lock_range(self.id, first, last);
+            self.invalidate_clean(offset, length)?;
+        }
+        written
+    }
+
+    /// Write-through whose lines hold no dirty data, without holding them across the disk
+    /// write (`backing_order.rs`): the range leaves the cache, the lines are released, the
+    /// disk write runs (hits on the lines' other sectors go on; reads of the range miss and
+    /// wait for it), then the lines are taken again and the data is cached, unless another
+    /// write of the range began meanwhile (it landed later, so this data would be stale).
+    fn write_through_unheld(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        held: RangeGuard<'_>,
+    ) -> Result<()> {
+        let length = data.len() as u64;
+        let (in_flight, fill) = self.backing().begin_write_through(offset, length);
+        self.invalidate(offset, length)?;
+        drop(held);
+        let written = self.write_backing_begun(data, offset, fua, in_flight);
+        let (first, last) = self.line_range(offset, length);
+        let _held = self.core.locks.lock_range(self.id, first, last);
+        let may_fill = fill.finish();
+        if let Err(e) = written {
+            // The backing contents of the range are unknown: a read meanwhile may have cached
+            // what the failed write left.
+            self.invalidate_clean(offset, length)?;
+            return Err(e);
+        }
+        if may_fill && self.state() == VolumeState::Healthy {
+            self.cache_written_through(offset, data)?;
+        }
+        Ok(())
+    }
+
     /// Backing first (the cache never holds the only copy), then the cache.
     fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         if let Err(e) = self.write_backing(data, offset, fua) {
@@ -1054,6 +1148,12 @@ impl Volume {
             self.invalidate_clean(offset, data.len() as u64)?;
             return Err(e);
         }
+        self.cache_written_through(offset, data)
+    }
+
+    /// Puts data just written through to the backing device in the cache, line by line as
+    /// admission lets it.
+    fn cache_written_through(&self, offset: u64, data: &[u8]) -> Result<()> {
         let mut hit = false;
         for seg in self.segments(offset, data.len() as u64) {
             // A line not admitted stays out of the cache: the write went around it (the line
@@ -1230,8 +1330,10 @@ impl Volume {
         let (first, last) = self.line_range(offset, length);
         let held = self.core.locks.lock_range(self.id, first, last);
         self.core.note_client_backing_io();
-        self.backing().wait_for_writebacks(offset, length);
-        if let Err(e) = self.backing().write_with(on_backing) {
+        let in_flight = self.backing().begin_client_write(offset, length);
+        let done = self.backing().write_with(on_backing);
+        drop(in_flight);
+        if let Err(e) = done {
             self.invalidate_clean(offset, length)?;
             return Err(self.backing_err(e));
         }

@@ -1,0 +1,218 @@
+//! The order of writes on a backing device, in one place (docs/design.md §3, "Backing order").
+//!
+//! Some writes to a backing device run without the lines they concern: the cleaner's
+//! writebacks, and a client's write-through writes (so hits on their lines, and on the other
+//! sectors of them, never wait for the disk). Two rules keep what the cache holds equal to what
+//! the disk holds:
+//!
+//! 1. Overlapping writes never run at once. A write waits for every overlapping write in
+//!    flight before it starts, so the later one lands last; a client read of the backing device
+//!    waits too, so it never reads (and caches) a half-written range. A write in flight ends
+//!    when its device write returns and needs no lock to get there, so a waiter may hold lines.
+//! 2. A write-through write puts its data in the cache after its disk write, under its lines
+//!    again. It does so only if no other write to an overlapping range began after it
+//!    ([`PendingFill::finish`] says whether one did): that other write landed later on the disk,
+//!    so the first one's data would be stale in the cache. The range then stays out of the
+//!    cache (the write invalidated it before its disk write) and the disk serves it.
+//!
+//! Bounds: the ranges in flight and the pending fills are each at most the writes in flight on
+//! the device: the cleaner's (32) plus one per client request running (connections × workers).
+
+use crate::sync::{Condvar, Mutex, MutexGuard};
+
+/// Writes in flight on one backing device and write-through fills waiting to be made.
+pub(crate) struct BackingOrder {
+    state: Mutex<OrderState>,
+    write_ended: Condvar,
+}
+
+#[derive(Default)]
+struct OrderState {
+    /// Byte ranges `(start, end)` being written on the device right now.
+    in_flight: Vec<(u64, u64)>,
+    /// Write-through writes between their disk write's start and their cache fill.
+    pending_fills: Vec<Pending>,
+    next_fill: u64,
+}
+
+struct Pending {
+    id: u64,
+    range: (u64, u64),
+    /// A write to an overlapping range began after this one: its fill must not happen.
+    superseded: bool,
+}
+
+fn overlaps((s1, e1): (u64, u64), (s2, e2): (u64, u64)) -> bool {
+    s1 < e2 && s2 < e1
+}
+
+fn byte_range(offset: u64, len: u64) -> (u64, u64) {
+    (offset, offset.saturating_add(len))
+}
+
+/// A write in flight on the backing device; ends (waking waiters) when dropped.
+pub(crate) struct WriteInFlight<'a> {
+    order: &'a BackingOrder,
+    range: (u64, u64),
+}
+
+impl Drop for WriteInFlight<'_> {
+    fn drop(&mut self) {
+        let mut state = self.order.state();
+        if let Some(i) = state.in_flight.iter().position(|&r| r == self.range) {
+            state.in_flight.swap_remove(i);
+        }
+        drop(state);
+        self.order.write_ended.notify_all();
+    }
+}
+
+/// A write-through write's right to fill the cache after its disk write, unless superseded.
+pub(crate) struct PendingFill<'a> {
+    order: &'a BackingOrder,
+    id: u64,
+}
+
+impl PendingFill<'_> {
+    /// Ends the wait; true when the fill may be made (no overlapping write began since).
+    /// Called with the write's lines held again, so no other write of them can begin between
+    /// this answer and the fill.
+    pub fn finish(self) -> bool {
+        let mut state = self.order.state();
+        let superseded = state
+            .pending_fills
+            .iter()
+            .position(|p| p.id == self.id)
+            .map(|i| state.pending_fills.swap_remove(i).superseded);
+        // `Drop` finds nothing more to remove.
+        superseded == Some(false)
+    }
+}
+
+impl Drop for PendingFill<'_> {
+    fn drop(&mut self) {
+        let mut state = self.order.state();
+        if let Some(i) = state.pending_fills.iter().position(|p| p.id == self.id) {
+            state.pending_fills.swap_remove(i);
+        }
+    }
+}
+
+impl BackingOrder {
+    pub fn new() -> BackingOrder {
+        BackingOrder {
+            state: Mutex::new(OrderState::default()),
+            write_ended: Condvar::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, OrderState> {
+        // Plain lists, consistent after any panic.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until no write in flight overlaps the range, then marks it in flight and tells
+    /// every pending fill it overlaps that it is superseded. The caller writes the device,
+    /// then drops the guard.
+    pub fn begin_write(&self, offset: u64, len: u64) -> WriteInFlight<'_> {
+        let range = byte_range(offset, len);
+        let mut state = self.wait_for_overlapping(self.state(), range);
+        for pending in &mut state.pending_fills {
+            if overlaps(pending.range, range) {
+                pending.superseded = true;
+            }
+        }
+        state.in_flight.push(range);
+        WriteInFlight { order: self, range }
+    }
+
+    /// [`begin_write`](Self::begin_write) for a write-through write that fills the cache
+    /// after its disk write: also registers the fill, which a later overlapping write
+    /// supersedes.
+    pub fn begin_write_then_fill(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> (WriteInFlight<'_>, PendingFill<'_>) {
+        let in_flight = self.begin_write(offset, len);
+        let mut state = self.state();
+        let id = state.next_fill;
+        state.next_fill += 1;
+        state.pending_fills.push(Pending {
+            id,
+            range: byte_range(offset, len),
+            superseded: false,
+        });
+        (in_flight, PendingFill { order: self, id })
+    }
+
+    /// Waits until no write in flight overlaps the range (a client read of the backing device:
+    /// it must not read, and cache, a half-written range).
+    pub fn wait_for_writes(&self, offset: u64, len: u64) {
+        drop(self.wait_for_overlapping(self.state(), byte_range(offset, len)));
+    }
+
+    fn wait_for_overlapping<'a>(
+        &self,
+        state: MutexGuard<'a, OrderState>,
+        range: (u64, u64),
+    ) -> MutexGuard<'a, OrderState> {
+        self.write_ended
+            .wait_while(state, |s| s.in_flight.iter().any(|&r| overlaps(r, range)))
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_later_overlapping_write_supersedes_a_pending_fill() {
+        let order = BackingOrder::new();
+        let (first, fill) = order.begin_write_then_fill(0, 8192);
+        drop(first);
+        let second = order.begin_write(4096, 4096);
+        drop(second);
+        assert!(!fill.finish(), "the later write landed last: no fill");
+    }
+
+    #[test]
+    fn a_write_elsewhere_leaves_a_pending_fill_alone() {
+        let order = BackingOrder::new();
+        let (first, fill) = order.begin_write_then_fill(0, 4096);
+        drop(first);
+        drop(order.begin_write(4096, 4096));
+        assert!(fill.finish());
+        assert!(order.state().pending_fills.is_empty());
+    }
+
+    #[test]
+    fn a_fill_registered_after_a_write_is_not_superseded_by_it() {
+        let order = BackingOrder::new();
+        let earlier = order.begin_write(0, 4096);
+        drop(earlier);
+        let (w, fill) = order.begin_write_then_fill(0, 4096);
+        drop(w);
+        assert!(fill.finish());
+    }
+
+    #[test]
+    fn an_overlapping_write_waits_for_the_one_in_flight() {
+        let order = std::sync::Arc::new(BackingOrder::new());
+        let first = order.begin_write(0, 4096);
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiter = {
+            let (order, started) = (order.clone(), started.clone());
+            std::thread::spawn(move || {
+                let _w = order.begin_write(0, 4096);
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
+        drop(first);
+        waiter.join().expect("waiter");
+        assert!(started.load(std::sync::atomic::Ordering::SeqCst));
+    }
+}
