@@ -11,9 +11,7 @@ use ssdcache_format::{
 };
 
 use crate::admission::Admission;
-use crate::commit::{
-    self, flush_cache, Backing, CommitKind, CommitPurpose, CommitRequests, Journal, JournalState,
-};
+use crate::commit::{self, Backing, CommitPurpose, Commits};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
@@ -21,7 +19,7 @@ use crate::map::{dirty_limit_lines, Invariant, MapState};
 use crate::policy;
 use crate::superblock::write_superblock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::touches::TouchLog;
 use crate::volume::Volume;
 
@@ -37,11 +35,9 @@ pub(crate) struct CacheCore {
     pub map: RwLock<MapState>,
     pub touches: TouchLog,
     pub locks: LineLocks,
-    pub sb: Mutex<Superblock>,
-    /// The journal and its commit state (the commit protocol, `commit.rs`).
-    pub journal: Journal,
-    /// Commits asked of the background committer (`commit.rs`).
-    pub commit_requests: CommitRequests,
+    /// The commit protocol's state: the journal, the committer's requests and the superblock
+    /// naming the live log (`commit.rs` owns it; only its methods change it).
+    pub commits: Commits,
     /// Backing devices by volume index, each counting its writes against its flushes.
     pub backings: Vec<Arc<Backing>>,
     /// The cache's clock: dirty ages and idle detection count from here.
@@ -128,10 +124,6 @@ impl CacheCore {
         }
     }
 
-    fn sb(&self) -> MutexGuard<'_, Superblock> {
-        self.sb.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Seconds since the cache opened, for dirty ages.
     pub fn now_secs(&self) -> u32 {
         self.clock.elapsed().as_secs().min(u64::from(u32::MAX)) as u32
@@ -162,151 +154,6 @@ impl CacheCore {
         }
         map.mark_damaged(slot, sector);
         Mismatch::Damaged
-    }
-
-    /// Returns once no commit is running (commits hold the journal for their whole length).
-    pub fn wait_for_commit_in_flight(&self) {
-        drop(self.journal.lock());
-    }
-
-    /// Makes every write that returned from a backing device before this call durable.
-    pub fn flush_backings(&self) -> Result<()> {
-        for backing in &self.backings {
-            backing.flush().map_err(|e| EngineError::Backing {
-                device: backing.describe(),
-                source: e,
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Makes every completed write durable (docs/design.md §4.3): the records of every slot
-    /// whose dirty state changed are taken in one snapshot, then the backing devices are
-    /// flushed, the cache device is flushed, and the records are written to the journal and
-    /// flushed. When the journal is nearly full, or after a failed commit, the commit starts a
-    /// fresh generation holding every dirty record instead (a compaction).
-    pub fn commit(&self, purpose: CommitPurpose) -> Result<()> {
-        self.check_running()?;
-        let mut journal = self.journal.lock();
-        // Checked under the journal lock: a FLUSH that waited behind a commit which failed
-        // must see that failure (the data that commit's flush covered may be lost).
-        let refuse = purpose == CommitPurpose::Durability
-            && self.journal.failed()
-            && self.map().total_dirty_lines() > 0;
-        if refuse {
-            return Err(self.cache_err(std::io::Error::other(
-                "an earlier metadata commit failed; dirty data in the cache may not be durable \
-                 until it is written back",
-            )));
-        }
-        if let Some(next) = journal.unconfirmed() {
-            // Its blocks are whole and flushed; name it again before anything else is written.
-            if let Err(e) = self.write_journal_start(next) {
-                self.journal.note_failure(&mut journal, &e);
-                return Err(e);
-            }
-            journal.adopt(next);
-        }
-        let (records, kind, changed) = {
-            let mut map = self.map();
-            let kind = journal.kind_for(map.changes_pending(), &self.layout);
-            // A fresh generation records only dirty slots (the rest is free by omission) and
-            // takes the whole change list: keep it, so a failure can give it back.
-            let (records, changed) = match kind {
-                CommitKind::Append => (map.take_changes(), Vec::new()),
-                CommitKind::FreshGeneration => {
-                    let changed = map.changed_slots();
-                    (map.take_all_dirty(), changed)
-                }
-            };
-            (records, kind, changed)
-        };
-        let result = self.write_commit(&mut journal, &records, kind);
-        match result {
-            Ok(()) => {
-                self.map()
-                    .commit_done(&records, kind == CommitKind::FreshGeneration);
-                if purpose == CommitPurpose::Durability {
-                    // No dirty data of unknown durability was left when this commit began,
-                    // and everything since is durable now.
-                    self.journal.clear_failed();
-                }
-                Ok(())
-            }
-            Err(e) => {
-                // Every slot whose change this commit took is still owed to the journal, the
-                // ones a fresh generation left out (now clean or free) too: else a FLUSH with
-                // nothing dirty left would skip the commit and the durable journal would go on
-                // naming superseded dirty data (found by the million-point crash run).
-                let mut map = self.map();
-                map.requeue(&records);
-                map.requeue_slots(&changed);
-                drop(map);
-                self.journal.note_failure(&mut journal, &e);
-                match e {
-                    EngineError::Invariant(what) => Err(self.halt(what)),
-                    e => Err(e),
-                }
-            }
-        }
-    }
-
-    fn write_commit(
-        &self,
-        journal: &mut JournalState,
-        records: &[(u32, LineRecord)],
-        kind: CommitKind,
-    ) -> Result<()> {
-        // A record that drops dirty bits because newer data went to a backing device must not
-        // become durable before that data.
-        self.flush_backings()?;
-        // The data a record names is durable before the record.
-        flush_cache(&*self.dev)?;
-        match kind {
-            CommitKind::Append => journal.append(&*self.dev, &self.layout, records),
-            CommitKind::FreshGeneration => {
-                let next = journal.write_fresh_generation(&*self.dev, &self.layout, records)?;
-                if let Err(e) = self.write_journal_start(next) {
-                    // A copy naming `next` may have landed: keep both logs intact until a
-                    // superblock write lands (the next commit retries this one first).
-                    journal.leave_unconfirmed(next);
-                    return Err(e);
-                }
-                journal.adopt(next);
-                Ok(())
-            }
-        }
-    }
-
-    /// Writes the superblock naming `next` as the live log.
-    fn write_journal_start(&self, next: JournalPosition) -> Result<()> {
-        self.update_superblock(|sb| {
-            sb.journal_generation = next.generation;
-            sb.journal_start_seq = next.start_seq;
-            sb.journal_start_block = next.start_block;
-        })
-    }
-
-    /// Writes the superblock with `change` applied and the next sequence number. The in-memory
-    /// superblock takes the change only once both copies landed, so a failed write is never
-    /// repeated by a later, unrelated superblock write; but it keeps the sequence number the
-    /// failed write used, so no later write can reuse it (a copy of the failed write may have
-    /// landed, and two valid copies must never share a sequence number).
-    pub fn update_superblock(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
-        let mut sb = self.sb().clone();
-        change(&mut sb);
-        sb.sequence += 1;
-        sb.updated_unix = now_unix();
-        match write_superblock(&*self.dev, &sb) {
-            Ok(()) => {
-                *self.sb() = sb;
-                Ok(())
-            }
-            Err(e) => {
-                self.sb().sequence = sb.sequence;
-                Err(e)
-            }
-        }
     }
 }
 
@@ -362,7 +209,7 @@ pub struct Cache {
     pub(crate) cleaner: crate::cleaner::CleanerState,
 }
 
-fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -601,9 +448,7 @@ impl Cache {
             map: RwLock::new(map),
             touches: TouchLog::new(),
             locks: LineLocks::new(),
-            sb: Mutex::new(sb),
-            journal: Journal::new(pos),
-            commit_requests: CommitRequests::new(),
+            commits: Commits::new(pos, sb),
             backings: backings
                 .iter()
                 .cloned()
@@ -648,7 +493,7 @@ impl Cache {
 
     /// The superblock with live counters, modes and dirty totals folded in.
     pub fn superblock(&self) -> Superblock {
-        let mut sb = self.core.sb().clone();
+        let mut sb = self.core.commits.superblock();
         self.fold_volumes(&mut sb);
         sb
     }
@@ -673,7 +518,7 @@ impl Cache {
     /// survives a crash.
     pub fn persist_config(&self) -> Result<()> {
         self.core.check_running()?;
-        let _journal = self.core.journal.lock();
+        let _no_commit = self.core.commits.exclusive();
         self.core.update_superblock(|sb| self.fold_volumes(sb))
     }
 
@@ -736,9 +581,9 @@ impl Cache {
         // A halted engine leaves the cache marked running: the journal, not a checkpoint of a
         // state that failed a check, is what the next start trusts.
         self.core.check_running()?;
-        let _journal = self.core.journal.lock();
+        let _no_commit = self.core.commits.exclusive();
         // The superblock written below takes this sequence number.
-        let checkpoint = self.core.sb().sequence + 1;
+        let checkpoint = self.core.commits.superblock().sequence + 1;
         if !discard {
             self.core.flush_backings()?;
             write_checkpoint(&self.core, checkpoint)?;

@@ -591,7 +591,7 @@ impl Cache {
         self.cleaner.stop.store(false, Ordering::Release);
         let cache = Arc::clone(self);
         *slot = Some(thread::spawn(move || cache.cleaner_loop(&cfg)));
-        self.core().commit_requests.set_running(true);
+        self.core().commits.requests().set_running(true);
         let cache = Arc::clone(self);
         *self
             .cleaner
@@ -604,7 +604,7 @@ impl Cache {
     /// Commits when a writer asks (its changes filled a batch) and every second while changes
     /// wait, until stopped. A failed commit is logged; the changes stay queued for the next.
     fn committer_loop(&self) {
-        let requests = &self.core().commit_requests;
+        let requests = self.core().commits.requests();
         while !requests.stopping() {
             requests.wait(Duration::from_secs(1));
             if requests.stopping() || self.core().map().changes_pending() == 0 {
@@ -630,7 +630,7 @@ impl Cache {
     /// cleaner's batch, the committer's commit).
     pub fn stop_cleaner(&self) {
         self.cleaner.stop.store(true, Ordering::Release);
-        self.core().commit_requests.set_running(false);
+        self.core().commits.requests().set_running(false);
         let handles = [&self.cleaner.thread, &self.cleaner.committer]
             .map(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
         for h in handles.into_iter().flatten() {

@@ -16,11 +16,13 @@ use std::io;
 use std::sync::Arc;
 
 use ssdcache_device::BlockDevice;
-use ssdcache_format::{Layout, LineRecord};
+use ssdcache_format::{Layout, LineRecord, Superblock};
 
 use crate::backing_order::{BackingOrder, PendingFill, WriteInFlight};
+use crate::cache::{now_unix, CacheCore};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
+use crate::superblock::write_superblock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 
@@ -422,6 +424,201 @@ pub(crate) fn flush_cache(dev: &dyn BlockDevice) -> Result<()> {
         device: dev.describe(),
         source: e,
     })
+}
+
+/// The commit protocol's state, owned by this module: the journal (where the next commit goes
+/// and whether the last one failed), the background committer's requests, and the superblock
+/// that names the live log. Other modules reach it only through the methods below and
+/// [`CacheCore::commit`] / [`CacheCore::update_superblock`].
+pub(crate) struct Commits {
+    journal: Journal,
+    requests: CommitRequests,
+    superblock: Mutex<Superblock>,
+}
+
+impl Commits {
+    pub fn new(pos: JournalPosition, sb: Superblock) -> Commits {
+        Commits {
+            journal: Journal::new(pos),
+            requests: CommitRequests::new(),
+            superblock: Mutex::new(sb),
+        }
+    }
+
+    fn sb(&self) -> MutexGuard<'_, Superblock> {
+        // Replaced whole after each successful write; consistent after any panic.
+        self.superblock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The superblock as last written.
+    pub fn superblock(&self) -> Superblock {
+        self.sb().clone()
+    }
+
+    /// The background committer's requests (writers ask; the committer waits on them).
+    pub fn requests(&self) -> &CommitRequests {
+        &self.requests
+    }
+
+    /// Holds off every commit until the guard is dropped (a checkpoint or a configuration
+    /// write must not interleave with one: both write the superblock).
+    pub fn exclusive(&self) -> MutexGuard<'_, JournalState> {
+        self.journal.lock()
+    }
+
+    /// Returns once no commit is running (commits hold the journal for their whole length).
+    pub fn wait_for_commit_in_flight(&self) {
+        drop(self.journal.lock());
+    }
+}
+
+/// The protocol's steps. They live here, beside the state they change, though they need the
+/// cache's map, devices and halt switch (`CacheCore`).
+impl CacheCore {
+    /// Returns once no commit is running.
+    pub fn wait_for_commit_in_flight(&self) {
+        self.commits.wait_for_commit_in_flight();
+    }
+
+    /// Makes every write that returned from a backing device before this call durable.
+    pub fn flush_backings(&self) -> Result<()> {
+        for backing in &self.backings {
+            backing.flush().map_err(|e| EngineError::Backing {
+                device: backing.describe(),
+                source: e,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Makes every completed write durable (docs/design.md §4.3): the records of every slot
+    /// whose dirty state changed are taken in one snapshot, then the backing devices are
+    /// flushed, the cache device is flushed, and the records are written to the journal and
+    /// flushed. When the journal is nearly full, or after a failed commit, the commit starts a
+    /// fresh generation holding every dirty record instead (a compaction).
+    pub fn commit(&self, purpose: CommitPurpose) -> Result<()> {
+        self.check_running()?;
+        let mut journal = self.commits.journal.lock();
+        // Checked under the journal lock: a FLUSH that waited behind a commit which failed
+        // must see that failure (the data that commit's flush covered may be lost).
+        let refuse = purpose == CommitPurpose::Durability
+            && self.commits.journal.failed()
+            && self.map().total_dirty_lines() > 0;
+        if refuse {
+            return Err(self.cache_err(std::io::Error::other(
+                "an earlier metadata commit failed; dirty data in the cache may not be durable \
+                 until it is written back",
+            )));
+        }
+        if let Some(next) = journal.unconfirmed() {
+            // Its blocks are whole and flushed; name it again before anything else is written.
+            if let Err(e) = self.write_journal_start(next) {
+                self.commits.journal.note_failure(&mut journal, &e);
+                return Err(e);
+            }
+            journal.adopt(next);
+        }
+        let (records, kind, changed) = {
+            let mut map = self.map();
+            let kind = journal.kind_for(map.changes_pending(), &self.layout);
+            // A fresh generation records only dirty slots (the rest is free by omission) and
+            // takes the whole change list: keep it, so a failure can give it back.
+            let (records, changed) = match kind {
+                CommitKind::Append => (map.take_changes(), Vec::new()),
+                CommitKind::FreshGeneration => {
+                    let changed = map.changed_slots();
+                    (map.take_all_dirty(), changed)
+                }
+            };
+            (records, kind, changed)
+        };
+        let result = self.write_commit(&mut journal, &records, kind);
+        match result {
+            Ok(()) => {
+                self.map()
+                    .commit_done(&records, kind == CommitKind::FreshGeneration);
+                if purpose == CommitPurpose::Durability {
+                    // No dirty data of unknown durability was left when this commit began,
+                    // and everything since is durable now.
+                    self.commits.journal.clear_failed();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Every slot whose change this commit took is still owed to the journal, the
+                // ones a fresh generation left out (now clean or free) too: else a FLUSH with
+                // nothing dirty left would skip the commit and the durable journal would go on
+                // naming superseded dirty data (found by the million-point crash run).
+                let mut map = self.map();
+                map.requeue(&records);
+                map.requeue_slots(&changed);
+                drop(map);
+                self.commits.journal.note_failure(&mut journal, &e);
+                match e {
+                    EngineError::Invariant(what) => Err(self.halt(what)),
+                    e => Err(e),
+                }
+            }
+        }
+    }
+
+    fn write_commit(
+        &self,
+        journal: &mut JournalState,
+        records: &[(u32, LineRecord)],
+        kind: CommitKind,
+    ) -> Result<()> {
+        // A record that drops dirty bits because newer data went to a backing device must not
+        // become durable before that data.
+        self.flush_backings()?;
+        // The data a record names is durable before the record.
+        flush_cache(&*self.dev)?;
+        match kind {
+            CommitKind::Append => journal.append(&*self.dev, &self.layout, records),
+            CommitKind::FreshGeneration => {
+                let next = journal.write_fresh_generation(&*self.dev, &self.layout, records)?;
+                if let Err(e) = self.write_journal_start(next) {
+                    // A copy naming `next` may have landed: keep both logs intact until a
+                    // superblock write lands (the next commit retries this one first).
+                    journal.leave_unconfirmed(next);
+                    return Err(e);
+                }
+                journal.adopt(next);
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes the superblock naming `next` as the live log.
+    fn write_journal_start(&self, next: JournalPosition) -> Result<()> {
+        self.update_superblock(|sb| {
+            sb.journal_generation = next.generation;
+            sb.journal_start_seq = next.start_seq;
+            sb.journal_start_block = next.start_block;
+        })
+    }
+
+    /// Writes the superblock with `change` applied and the next sequence number. The in-memory
+    /// superblock takes the change only once both copies landed, so a failed write is never
+    /// repeated by a later, unrelated superblock write; but it keeps the sequence number the
+    /// failed write used, so no later write can reuse it (a copy of the failed write may have
+    /// landed, and two valid copies must never share a sequence number).
+    pub fn update_superblock(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
+        let mut sb = self.commits.sb().clone();
+        change(&mut sb);
+        sb.sequence += 1;
+        sb.updated_unix = now_unix();
+        match write_superblock(&*self.dev, &sb) {
+            Ok(()) => {
+                *self.commits.sb() = sb;
+                Ok(())
+            }
+            Err(e) => {
+                self.commits.sb().sequence = sb.sequence;
+                Err(e)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

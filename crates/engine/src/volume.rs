@@ -1204,7 +1204,7 @@ impl Volume {
     /// a batch, asks the background committer for one (bounding the records a commit writes and
     /// what a crash can lose), or commits here when no committer runs (tests, offline tools).
     fn commit_if_batch_full(&self) -> Result<()> {
-        if self.core.map().changes_pending() < COMMIT_BATCH || self.core.commit_requests.ask() {
+        if self.core.map().changes_pending() < COMMIT_BATCH || self.core.commits.requests().ask() {
             return Ok(());
         }
         self.commit()
