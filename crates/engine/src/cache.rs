@@ -32,8 +32,8 @@ pub(crate) struct CacheCore {
     pub layout: Layout,
     /// Hits read it (`map_read`) and record their uses aside (`touches`); everything that
     /// changes it writes.
-    pub map: RwLock<MapState>,
-    pub touches: TouchLog,
+    map: RwLock<MapState>,
+    touches: TouchLog,
     pub locks: LineLocks,
     /// The commit protocol's state: the journal, the committer's requests and the superblock
     /// naming the live log (`commit.rs` owns it; only its methods change it).
@@ -41,9 +41,9 @@ pub(crate) struct CacheCore {
     /// Backing devices by volume index, each counting its writes against its flushes.
     pub backings: Vec<Arc<Backing>>,
     /// The cache's clock: dirty ages and idle detection count from here.
-    pub clock: Instant,
+    clock: Instant,
     /// When a client request last went to a backing device (nanoseconds on `clock`).
-    pub last_client_backing_io: AtomicU64,
+    last_client_backing_io: AtomicU64,
     /// Set once a check that guards user data failed: from then on the engine refuses every
     /// request, commit, writeback and checkpoint, so the cache stays as the journal last
     /// recorded it (marked running: the next start replays it).
