@@ -152,6 +152,12 @@ impl BackingOrder {
         drop(self.wait_for_overlapping(self.state(), byte_range(offset, len)));
     }
 
+    /// Whether a write overlapping the range is in flight now.
+    pub fn write_in_flight(&self, offset: u64, len: u64) -> bool {
+        let range = byte_range(offset, len);
+        self.state().in_flight.iter().any(|&r| overlaps(r, range))
+    }
+
     fn wait_for_overlapping<'a>(
         &self,
         state: MutexGuard<'a, OrderState>,

@@ -91,6 +91,13 @@ impl Backing {
         self.order.wait_for_writes(offset, len);
     }
 
+    /// Whether a write overlapping `[offset, offset + len)` is in flight now. Every write of
+    /// the device begins with the lines of its range held, so a caller holding the lines of
+    /// the range knows none can begin until it releases them.
+    pub fn write_in_flight(&self, offset: u64, len: u64) -> bool {
+        self.order.write_in_flight(offset, len)
+    }
+
     pub fn describe(&self) -> String {
         self.dev.describe()
     }

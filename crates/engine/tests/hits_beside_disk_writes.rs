@@ -75,6 +75,7 @@ fn hit_beside_a_held_disk_write(mode: CacheMode) {
     );
     let hits_before = counter(&vol, "read_hits");
     let hit = read_in_thread(&vol, SECTOR as u64).recv_timeout(HIT_LIMIT);
+    let hits_after = counter(&vol, "read_hits");
     let same_sector = read_in_thread(&vol, 0);
     let early = same_sector.recv_timeout(Duration::from_millis(200));
     gate.release();
@@ -86,7 +87,7 @@ fn hit_beside_a_held_disk_write(mode: CacheMode) {
         old[SECTOR..2 * SECTOR],
         "the hit returns the cached data"
     );
-    assert_eq!(counter(&vol, "read_hits"), hits_before + 1, "it was a hit");
+    assert_eq!(hits_after, hits_before + 1, "it was a hit");
     assert!(
         early.is_err(),
         "a read of the sector being written returned before the disk write landed"
@@ -247,6 +248,49 @@ fn write_through_racing_writes_and_reads_leave_the_cache_equal_to_the_disk() {
                 one,
                 on_disk[(s as usize) * SECTOR..(s as usize + 1) * SECTOR],
                 "{mode:?}: sector {s}"
+            );
+        }
+    }
+}
+
+/// Review 16: a request that must wait for the held disk write (a read of the sector being
+/// written, which misses; a second write of it, which must land after it) waits before it
+/// takes the line, so a hit on the line's other sectors still returns at once.
+#[test]
+fn requests_waiting_for_a_disk_write_do_not_hold_the_line_meanwhile() {
+    for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
+        for second_is_write in [false, true] {
+            let (mem, gate, cache) = gated_cache(mode);
+            let vol = cache.volumes()[0].clone();
+            let old = data(6, LINE as usize);
+            mem.write_at(&old, 0).expect("seed backing");
+            let mut line = vec![0u8; LINE as usize];
+            vol.read(0, &mut line).expect("fill the line");
+            gate.hold_next_write();
+            let writer = write_in_thread(&vol, 0, data(7, SECTOR));
+            assert!(gate.wait_until_held(Duration::from_secs(10)));
+            let waiter = if second_is_write {
+                let w = write_in_thread(&vol, 0, data(8, SECTOR));
+                Box::new(move || w.join().expect("second writer")) as Box<dyn FnOnce()>
+            } else {
+                let r = read_in_thread(&vol, 0);
+                Box::new(move || drop(r.recv_timeout(Duration::from_secs(10)).expect("read")))
+            };
+            thread::sleep(Duration::from_millis(100));
+            let hit = read_in_thread(&vol, 2 * SECTOR as u64).recv_timeout(HIT_LIMIT);
+            gate.release();
+            writer.join().expect("writer");
+            waiter();
+            let hit = hit.unwrap_or_else(|_| {
+                panic!("{mode:?}, second request a write: {second_is_write}: the hit waited")
+            });
+            assert_eq!(hit, old[2 * SECTOR..3 * SECTOR]);
+            let mut got = vec![0u8; SECTOR];
+            vol.read(0, &mut got).expect("read");
+            assert_eq!(
+                got,
+                backing_sector(&mem, 0),
+                "the cache agrees with the disk"
             );
         }
     }
