@@ -1452,6 +1452,62 @@ mod tests {
         );
     }
 
+    /// The dirty count and `Residency`'s dirty queue answer what the B-tree did (the dirty
+    /// limit, statistics, a compaction's records): after every step of a random mix of
+    /// writes, fills, write-backs, drops and commits they name exactly the slots with dirty
+    /// bits, and a compaction records every one of them.
+    #[test]
+    fn the_dirty_count_and_queue_match_the_dirty_bits() {
+        const LINES: u32 = 48;
+        let mut m = map(LINES);
+        m.set_dirty_limit(LINES);
+        let locks = LineLocks::new();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut below = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for step in 0..20_000 {
+            let line = below(96);
+            let sector = below(16) as usize;
+            let slot = match m.peek(0, line) {
+                Some(found) => Some(found.slot),
+                None => m.allocate(0, line, &locks).unwrap(),
+            };
+            match (slot, below(7)) {
+                (Some(slot), 0 | 1) => m.set_dirty(slot, sector, &[1], step).unwrap(),
+                (Some(slot), 2) => m.set_clean_valid(slot, sector, &[2]).unwrap(),
+                (Some(slot), 3) => m.set_written_through(slot, sector, &[3]).unwrap(),
+                (Some(slot), 4) => m.invalidate_slot(slot, sector, 1).unwrap(),
+                (Some(slot), 5) => {
+                    if let Some(line) = m.dirty_line(slot, DamagedLines::Include) {
+                        m.mark_clean(&line, &line.dirty).unwrap();
+                    }
+                }
+                _ => {
+                    let records = m.take_changes();
+                    m.commit_done(&records, false);
+                }
+            }
+            let dirty: Vec<u32> = (0..LINES).filter(|&s| !m.dirty.is_empty(s)).collect();
+            assert_eq!(m.total_dirty_lines(), dirty.len() as u64, "step {step}");
+            let mut queued: Vec<u32> = m.slots.coldest_dirty().collect();
+            queued.sort_unstable();
+            assert_eq!(queued, dirty, "step {step}");
+            let oldest = dirty.iter().map(|&s| m.dirty_since[s as usize]).min();
+            assert_eq!(m.oldest_dirty_since(), oldest, "step {step}");
+            if step % 1000 == 999 {
+                let records = m.take_all_dirty();
+                let mut recorded: Vec<u32> = records.iter().map(|(s, _)| *s).collect();
+                recorded.sort_unstable();
+                assert_eq!(recorded, dirty, "compaction at step {step}");
+                m.commit_done(&records, true);
+            }
+        }
+    }
+
     #[test]
     fn a_sweep_entry_takes_twelve_bytes_and_keeps_its_key() {
         assert_eq!(std::mem::size_of::<SweepEntry>(), 12);
