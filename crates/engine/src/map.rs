@@ -1131,12 +1131,16 @@ pub struct Occupancy {
 impl MapState {
     /// Puts a slot that the durable metadata may call dirty on the free list: the bug the
     /// reuse check exists for.
+    /// The slot is the next one handed out.
     pub(crate) fn break_free_list_for_test(&mut self) -> u32 {
-        let slot = self.slots.take_free().unwrap_or(0);
+        let free: Vec<u32> = std::iter::from_fn(|| self.slots.take_free()).collect();
+        let slot = free.first().copied().unwrap_or(0);
         let mut one = SectorBitmap::default();
         one.set(0, true);
         self.set_recorded_dirty(slot, &one);
-        self.slots.give_free(slot);
+        for s in free {
+            self.slots.give_free(s);
+        }
         slot
     }
 }
@@ -1313,7 +1317,8 @@ mod tests {
     /// slot, each as the map holds it now (sectors, epoch); the others wait for the next sweep.
     #[test]
     fn a_sweep_lists_only_lines_still_dirty_where_its_snapshot_saw_them() {
-        let mut m = map(64);
+        // One slot free once the four lines are in: the dropped line's slot is the next after it.
+        let mut m = map(5);
         let locks = LineLocks::new();
         for line in [40, 10, 30, 20] {
             dirty_line_at(&mut m, &locks, line, 1);
@@ -1327,12 +1332,12 @@ mod tests {
         one.set(0, true);
         assert!(m.mark_clean(&planned, &one).unwrap());
         m.invalidate_slot(slot_20, 0, 16).unwrap();
+        // Line 25: dirty for the first time after the snapshot.
+        dirty_line_at(&mut m, &locks, 25, 4);
         assert_eq!(dirty_line_at(&mut m, &locks, 5, 2), slot_20, "slot reused");
         // Line 30: written again (a new epoch and one more dirty sector).
         let slot_30 = m.peek(0, 30).unwrap().slot;
         m.set_dirty(slot_30, 3, &[3], 0).unwrap();
-        // Line 25: dirty for the first time after the snapshot.
-        dirty_line_at(&mut m, &locks, 25, 4);
         assert_eq!(m.total_dirty_lines(), 5);
 
         let lines = all_lines(&mut sweep, &m);
