@@ -280,7 +280,8 @@ impl Cache {
         let mut first = 0u32;
         while first < slots {
             let end = first.saturating_add(SNAPSHOT_CHUNK).min(slots);
-            entries.reserve((end - first) as usize);
+            // Exact: growing by doubling could take twice the snapshot's memory for a moment.
+            entries.reserve_exact((end - first) as usize);
             self.core()
                 .map_read()
                 .copy_dirty_slots(first..end, &mut entries);
