@@ -17,7 +17,9 @@
 //! (without a ghost: it was not evicted) and comes back as a new line when it is clean again.
 //!
 //! Everything is allocated at construction (the index with room for every slot, `SlotIndex`),
-//! so nothing rehashes or grows under load. The engine's index uses the standard library's
+//! so nothing rehashes or grows under load. The free list is threaded through the same
+//! per-slot links as the dirty queue and the held list (a slot is in at most one of them), so
+//! it costs no memory of its own. The engine's index uses the standard library's
 //! keyed hasher (the keys come from client offsets, so a fixed hash could be steered into
 //! collisions); the simulator, which reads traces, may use a faster one.
 
@@ -42,6 +44,7 @@ pub enum Standing {
 
 const DIRTY: usize = 0;
 const HELD: usize = 1;
+const FREE: usize = 2;
 
 /// `'p`: how long the policy lives (`'static` but for a replay of a borrowed policy).
 pub struct Residency<'p, S = RandomState> {
@@ -49,10 +52,10 @@ pub struct Residency<'p, S = RandomState> {
     index: SlotIndex<S>,
     /// The key each slot holds, `NO_KEY` when free.
     keys: Vec<LineKey>,
-    free: Vec<u32>,
     /// Ranks the clean slots.
     policy: Box<dyn ReplacementPolicy + 'p>,
-    /// The dirty queue and the held list (oldest end first).
+    /// The dirty queue and the held list (oldest end first), and the free list (taken from
+    /// the oldest end).
     unevictable: Lists,
 }
 
@@ -70,14 +73,14 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
         policy: Box<dyn ReplacementPolicy + 'p>,
         hasher: S,
     ) -> Residency<'p, S> {
-        Residency {
+        let mut residency = Residency {
             index: SlotIndex::new(slots, hasher),
             keys: vec![NO_KEY; slots as usize],
-            // Popping from the end hands out low slots first.
-            free: (0..slots).rev().collect(),
             policy,
-            unevictable: Lists::new(slots as usize, 2),
-        }
+            unevictable: Lists::new(slots as usize, 3),
+        };
+        residency.rebuild_free_list();
+        residency
     }
 
     pub fn slots(&self) -> u32 {
@@ -112,25 +115,33 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
         }
     }
 
-    /// A free slot, if any.
+    /// A free slot, if any: the one longest free (at first, the lowest).
     pub fn take_free(&mut self) -> Option<u32> {
-        self.free.pop()
+        let slot = self.unevictable.oldest(FREE)?;
+        self.unevictable.unlink(slot);
+        Some(slot)
     }
 
-    /// Puts an empty slot back on the free list.
+    /// Puts an empty slot back on the free list (a slot already there stays where it is).
     pub fn give_free(&mut self, slot: u32) {
         debug_assert!(!self.is_mapped(slot));
-        self.free.push(slot);
+        if (slot as usize) < self.keys.len() && !self.unevictable.contains(slot) {
+            self.unevictable.push_newest(FREE, slot);
+        }
     }
 
-    /// Rebuilds the free list from the slots that hold no line.
+    /// Rebuilds the free list from the slots that hold no line, lowest first.
     pub fn rebuild_free_list(&mut self) {
-        let n = self.keys.len() as u32;
-        self.free = (0..n).rev().filter(|&s| !self.is_mapped(s)).collect();
+        while self.take_free().is_some() {}
+        for slot in 0..self.slots() {
+            if !self.is_mapped(slot) {
+                self.give_free(slot);
+            }
+        }
     }
 
     pub fn free_slots(&self) -> usize {
-        self.free.len()
+        self.unevictable.len(FREE) as usize
     }
 
     /// The policy's victim among clean slots for the line `incoming`, never one `evictable`
@@ -156,6 +167,10 @@ impl<'p, S: BuildHasher> Residency<'p, S> {
             || !self.index.insert(key, slot, &self.keys)
         {
             return false;
+        }
+        // A slot restored in place (recovery) may still be on the free list.
+        if self.unevictable.list_of(slot) == Some(FREE) {
+            self.unevictable.unlink(slot);
         }
         self.keys[slot as usize] = key;
         self.policy.insert(slot, key);
@@ -296,6 +311,31 @@ mod tests {
         assert_eq!(r.victim(99, &mut |_, _| true), None, "nothing clean");
         assert_eq!(r.vacate(4), 4);
         assert_eq!(r.held_slots(), Vec::<u32>::new());
+    }
+
+    /// The free list lives in the slots' links: lowest slots first, a freed slot after the
+    /// others, a slot given twice listed once, a slot occupied in place (recovery) taken off
+    /// it, and a rebuild lists exactly the unmapped slots.
+    #[test]
+    fn the_free_list_hands_out_each_free_slot_once() {
+        let mut r = residency(6, "lru");
+        assert_eq!(r.free_slots(), 6);
+        let (a, b) = (r.take_free().unwrap(), r.take_free().unwrap());
+        assert_eq!((a, b), (0, 1));
+        assert!(r.occupy(a, 10) && r.occupy(b, 11));
+        assert_eq!(r.vacate(a), 10);
+        r.give_free(a);
+        r.give_free(a);
+        assert_eq!(r.free_slots(), 5);
+        assert!(r.occupy(4, 14), "restored in place");
+        assert_eq!(r.standing(4), Some(Standing::Clean));
+        let order: Vec<u32> = std::iter::from_fn(|| r.take_free()).collect();
+        assert_eq!(order, [2, 3, 5, 0]);
+        assert_eq!(r.vacate(4), 14);
+        r.rebuild_free_list();
+        assert_eq!(r.free_slots(), 5);
+        let order: Vec<u32> = std::iter::from_fn(|| r.take_free()).collect();
+        assert_eq!(order, [0, 2, 3, 4, 5]);
     }
 
     #[test]
