@@ -133,6 +133,41 @@ fn r16_1_a_hit_does_not_wait_behind_a_read_of_the_sector_being_written() {
     assert_eq!(hit, old[SECTOR..2 * SECTOR]);
 }
 
+/// R16-1b, the commoner form of R16-1: a read miss of a third, uncached sector of the line
+/// reads the whole line from the disk, so it waits for the held write of sector 0 holding the
+/// line, and a hit on the cached sector 1 waits behind it.
+#[test]
+fn r16_1b_a_hit_does_not_wait_behind_a_miss_on_another_sector_of_the_line() {
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
+    let vol = cache.volumes()[0].clone();
+    mem.write_at(&data(1, LINE as usize), 0)
+        .expect("seed backing");
+    // Only sector 1 of the line is cached (a write-through write caches what it wrote).
+    let cached = data(7, SECTOR);
+    vol.write(SECTOR as u64, &cached, false)
+        .expect("write sector 1");
+    assert!(vol.likely_served_from_cache(false, SECTOR as u64, SECTOR as u64));
+    assert!(!vol.likely_served_from_cache(false, 2 * SECTOR as u64, SECTOR as u64));
+    gate.hold_next_write();
+    let writer = write_in_thread(&vol, 0, data(2, SECTOR));
+    assert!(
+        gate.wait_until_held(HELD_LIMIT),
+        "the write reached the disk"
+    );
+    let miss = read_in_thread(&vol, 2 * SECTOR as u64, SECTOR);
+    thread::sleep(SETTLE);
+    let hit = read_in_thread(&vol, SECTOR as u64, SECTOR).recv_timeout(HIT_LIMIT);
+    gate.release();
+    writer.join().expect("writer").expect("write");
+    miss.recv_timeout(HELD_LIMIT).expect("the miss");
+    assert_cache_equals_disk(&vol, &mem, 0, LINE as usize, "after the write");
+    let hit = hit.expect(
+        "a hit on sector 1 waited for the disk write of sector 0: a miss on sector 2 reads the \
+         whole line, waiting for that write with the line held",
+    );
+    assert_eq!(hit, cached);
+}
+
 /// R16-2 (latency, issue 11's goal): a second write of the sector being written waits for the
 /// first's disk write in `begin_write` *holding the line*, so hits on the line's other sectors
 /// wait for the disk again.
