@@ -115,9 +115,9 @@ fn hold_a_write_of_sector_zero(
 /// another sector of the line that arrives after it waits for the disk too.
 #[test]
 fn r16_1_a_hit_does_not_wait_behind_a_read_of_the_sector_being_written() {
-    let (_mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
     let vol = cache.volumes()[0].clone();
-    let (old, _new, writer) = hold_a_write_of_sector_zero(&vol, &_mem, &gate, true);
+    let (old, _new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, true);
     let same_sector = read_in_thread(&vol, 0, SECTOR);
     thread::sleep(SETTLE);
     let hit = read_in_thread(&vol, SECTOR as u64, SECTOR).recv_timeout(HIT_LIMIT);
