@@ -380,3 +380,30 @@ fn r16_8_racing_requests_with_eviction_leave_the_cache_equal_to_the_disk() {
         assert_cache_equals_disk(&vol, &mem, 0, span as usize, &format!("{mode:?}"));
     }
 }
+
+/// The cache device fails the write-through write's fill after the gap (and a whole-line fill
+/// of a read waiting in the gap): the write still succeeds (the disk has it), and afterwards
+/// the cache serves what the disk holds.
+#[test]
+fn r16_9_the_fill_after_the_gap_fails_on_the_cache_device() {
+    let mem = Arc::new(MemDevice::new("backing", BACKING));
+    let gate = Arc::new(GateDevice::new(mem.clone()));
+    let cache_dev = Arc::new(MemDevice::new("cache", 16 * MIB));
+    format_dev(&*cache_dev, LINE, CacheMode::WriteThrough, BACKING, 0);
+    let (cache, _) = open_dyn(cache_dev.clone(), gate.clone());
+    let vol = cache.volumes()[0].clone();
+    let (old, new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, false);
+    let reader = read_in_thread(&vol, SECTOR as u64, SECTOR);
+    thread::sleep(SETTLE);
+    cache_dev.fail_writes.store(true, Ordering::SeqCst);
+    gate.release();
+    writer
+        .join()
+        .expect("writer")
+        .expect("the write reached the disk");
+    let got = reader.recv_timeout(HELD_LIMIT).expect("reader");
+    cache_dev.fail_writes.store(false, Ordering::SeqCst);
+    assert_eq!(got, old[SECTOR..2 * SECTOR]);
+    assert_eq!(on_disk(&mem, 0, SECTOR), new);
+    assert_cache_equals_disk(&vol, &mem, 0, LINE as usize, "after the failed fills");
+}
