@@ -16,8 +16,14 @@
 //! Structure: the stack S holds, by recency, LIR lines, resident HIR lines and ghosts
 //! (non-resident HIR keys), with a LIR line at its bottom (pruning drops HIR entries from the
 //! bottom); the queue Q holds the resident HIR lines, victims first. Nodes of S are slots
-//! `0..slots` and ghost entries `slots..2 * slots` (the ghost table holds `slots` keys; when it
-//! is full the oldest ghost is forgotten, which only makes LIRS forget a long reuse distance).
+//! `0..slots` and ghost entries `slots..2 * slots` (the ghost table holds `slots` key
+//! fingerprints, `ghost.rs`; when it is full the oldest ghost is forgotten, which only makes
+//! LIRS forget a long reuse distance).
+//!
+//! RAM per slot, at full occupancy: S 16 bytes (two 4-byte links for the slot and for its
+//! ghost entry), Q 8, state 1, the key's 4-byte fingerprint, the ghost table 20 (links 8,
+//! fingerprint 4, index 8): 49 bytes. It was 65 (at 1 M slots) with 8-byte keys per slot and
+//! per ghost, a list byte per node, a free-entry stack and a power-of-two ghost index.
 //!
 //! The engine's calls: `insert` is a miss (a key found among the ghosts becomes LIR), `touch`
 //! a hit, `remove` after `victim` turns the victim into a ghost where it stood in S, any other
@@ -30,7 +36,7 @@
 //! Q; unevictable ones are moved on to Q's end. If Q has none, the least recent evictable LIR
 //! line goes (walking up from the bottom of S); it leaves a ghost like any victim.
 
-use super::ghost::Ghosts;
+use super::ghost::{fingerprint, Fingerprint, Ghosts};
 use super::list::Lists;
 use super::ReplacementPolicy;
 
@@ -49,7 +55,9 @@ pub struct Lirs {
     stack: Lists,
     queue: Lists,
     state: Vec<State>,
-    keys: Vec<u64>,
+    /// The fingerprint of each slot's key, for its ghost when it is evicted (the engine holds
+    /// the key itself; a policy needs no more of it than a ghost keeps).
+    prints: Vec<Fingerprint>,
     ghosts: Ghosts,
     slots: u32,
     lir_target: u32,
@@ -67,7 +75,7 @@ impl Lirs {
             stack: Lists::new(2 * slots as usize, 1),
             queue: Lists::new(slots as usize, 1),
             state: vec![State::Free; slots as usize],
-            keys: vec![0; slots as usize],
+            prints: vec![0; slots as usize],
             ghosts: Ghosts::new(slots, 1),
             slots,
             lir_target: slots.saturating_sub(hir_target),
@@ -138,7 +146,7 @@ impl Lirs {
             self.stack.unlink(self.slots + oldest);
             self.ghosts.remove(oldest);
         }
-        let e = self.ghosts.push(ONLY, self.keys[slot as usize]);
+        let e = self.ghosts.push_print(ONLY, self.prints[slot as usize]);
         self.stack.replace(slot, self.slots + e);
     }
 
@@ -154,7 +162,7 @@ impl ReplacementPolicy for Lirs {
         if self.state[slot as usize] != State::Free {
             self.remove(slot);
         }
-        self.keys[slot as usize] = key;
+        self.prints[slot as usize] = fingerprint(key);
         if self.ghost_hit.take() == Some(key) || self.take_ghost(key) {
             // Its reuse distance beat the least recent LIR line's: it becomes LIR.
             self.make_lir(slot);
