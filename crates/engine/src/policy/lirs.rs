@@ -21,9 +21,10 @@
 //! LIRS forget a long reuse distance).
 //!
 //! RAM per slot, at full occupancy: S 16 bytes (two 4-byte links for the slot and for its
-//! ghost entry), Q 8, state 1, the key's 4-byte fingerprint, the ghost table 20 (links 8,
-//! fingerprint 4, index 8): 49 bytes. It was 65 (at 1 M slots) with 8-byte keys per slot and
-//! per ghost, a list byte per node, a free-entry stack and a power-of-two ghost index.
+//! ghost entry), Q 8, the key's 4-byte fingerprint, the ghost table 20 (links 8, fingerprint
+//! 4, index 8): 48 bytes. It was 65 (at 1 M slots) with 8-byte keys per slot and per ghost, a
+//! list byte per node, a state byte per slot, a free-entry stack and a power-of-two ghost
+//! index.
 //!
 //! The engine's calls: `insert` is a miss (a key found among the ghosts becomes LIR), `touch`
 //! a hit, `remove` after `victim` turns the victim into a ghost where it stood in S, any other
@@ -54,7 +55,6 @@ enum State {
 pub struct Lirs {
     stack: Lists,
     queue: Lists,
-    state: Vec<State>,
     /// The fingerprint of each slot's key, for its ghost when it is evicted (the engine holds
     /// the key itself; a policy needs no more of it than a ghost keeps).
     prints: Vec<Fingerprint>,
@@ -74,7 +74,6 @@ impl Lirs {
         Lirs {
             stack: Lists::new(2 * slots as usize, 1),
             queue: Lists::new(slots as usize, 1),
-            state: vec![State::Free; slots as usize],
             prints: vec![0; slots as usize],
             ghosts: Ghosts::new(slots, 1),
             slots,
@@ -95,7 +94,7 @@ impl Lirs {
             if self.is_ghost(n) {
                 self.stack.unlink(n);
                 self.ghosts.remove(n - self.slots);
-            } else if self.state[n as usize] == State::Hir {
+            } else if self.state(n) == State::Hir {
                 self.stack.unlink(n);
             } else {
                 break;
@@ -110,9 +109,8 @@ impl Lirs {
             let Some(b) = self.stack.oldest(ONLY) else {
                 break;
             };
-            debug_assert_eq!(self.state[b as usize], State::Lir);
+            debug_assert_eq!(self.state(b), State::Lir);
             self.stack.unlink(b);
-            self.state[b as usize] = State::Hir;
             self.lir_count -= 1;
             self.queue.push_newest(ONLY, b);
             self.prune();
@@ -120,7 +118,6 @@ impl Lirs {
     }
 
     fn make_lir(&mut self, slot: u32) {
-        self.state[slot as usize] = State::Lir;
         self.lir_count += 1;
         self.queue.unlink(slot);
         self.stack.move_to_newest(ONLY, slot);
@@ -150,16 +147,31 @@ impl Lirs {
         self.stack.replace(slot, self.slots + e);
     }
 
+    /// A slot's state, read from the lists rather than stored: the resident HIR lines are
+    /// exactly those in Q, every LIR line is in S (only a demotion or a removal takes one
+    /// out), and a free slot is in neither.
+    fn state(&self, slot: u32) -> State {
+        if slot >= self.slots {
+            State::Free // a ghost's node number, not a slot
+        } else if self.queue.contains(slot) {
+            State::Hir
+        } else if self.stack.contains(slot) {
+            State::Lir
+        } else {
+            State::Free
+        }
+    }
+
     #[cfg(test)]
     fn state_of(&self, slot: u32) -> State {
-        self.state[slot as usize]
+        self.state(slot)
     }
 }
 
 impl ReplacementPolicy for Lirs {
     fn insert(&mut self, slot: u32, key: u64) {
         self.victim = NO_SLOT;
-        if self.state[slot as usize] != State::Free {
+        if self.state(slot) != State::Free {
             self.remove(slot);
         }
         self.prints[slot as usize] = fingerprint(key);
@@ -170,7 +182,6 @@ impl ReplacementPolicy for Lirs {
         } else if self.lir_count < self.lir_target {
             self.make_lir(slot);
         } else {
-            self.state[slot as usize] = State::Hir;
             self.stack.push_newest(ONLY, slot);
             self.queue.push_newest(ONLY, slot);
         }
@@ -178,13 +189,13 @@ impl ReplacementPolicy for Lirs {
     }
 
     fn touch(&mut self, slot: u32) {
-        match self.state.get(slot as usize) {
-            Some(State::Lir) => {
+        match self.state(slot) {
+            State::Lir => {
                 self.victim = NO_SLOT;
                 self.stack.move_to_newest(ONLY, slot);
                 self.prune();
             }
-            Some(State::Hir) => {
+            State::Hir => {
                 self.victim = NO_SLOT;
                 if self.stack.contains(slot) {
                     self.make_lir(slot);
@@ -196,16 +207,16 @@ impl ReplacementPolicy for Lirs {
                     self.prune(); // no LIR line below it when there is none at all
                 }
             }
-            _ => {}
+            State::Free => {}
         }
     }
 
     fn remove(&mut self, slot: u32) {
         let evicted = std::mem::replace(&mut self.victim, NO_SLOT) == slot;
-        let state = match self.state.get(slot as usize) {
-            Some(&s) if s != State::Free => s,
-            _ => return,
-        };
+        let state = self.state(slot);
+        if state == State::Free {
+            return;
+        }
         self.queue.unlink(slot);
         if state == State::Lir {
             self.lir_count -= 1;
@@ -217,7 +228,6 @@ impl ReplacementPolicy for Lirs {
                 self.stack.unlink(slot);
             }
         }
-        self.state[slot as usize] = State::Free;
         self.prune();
     }
 
@@ -236,7 +246,7 @@ impl ReplacementPolicy for Lirs {
         }
         let mut n = self.stack.oldest(ONLY);
         while let Some(node) = n {
-            if !self.is_ghost(node) && self.state[node as usize] == State::Lir && evictable(node) {
+            if self.state(node) == State::Lir && evictable(node) {
                 self.victim = node;
                 return Some(node);
             }
