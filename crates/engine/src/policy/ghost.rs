@@ -209,6 +209,19 @@ mod tests {
         assert_eq!(g.len(0), 3);
     }
 
+    /// Keys are told apart by their fingerprints only: one that shares another's fingerprint
+    /// finds its ghost, and pushing it replaces that ghost (a ranking error, never data).
+    #[test]
+    fn keys_with_one_fingerprint_share_a_ghost() {
+        let mut g = Ghosts::new(8, 1);
+        let e = g.push(0, 5);
+        assert_eq!(g.find_print(fingerprint(5)), Some(e));
+        assert_eq!(g.find(6), None);
+        let moved = g.push_print(0, fingerprint(5));
+        assert_eq!(g.len(0), 1);
+        assert_eq!(g.find(5), Some(moved));
+    }
+
     /// Against a model, with keys crowded into a small table so probe runs wrap and shift.
     #[test]
     fn matches_a_model_under_churn() {

@@ -188,4 +188,25 @@ mod tests {
         assert_eq!(order(&l, 0), [7, 2]);
         assert_eq!(l.list_of(100), None);
     }
+
+    /// With one list there is no list byte: membership is read from the `older` link.
+    #[test]
+    fn one_list_tracks_membership_without_a_list_byte() {
+        let mut l = Lists::new(4, 1);
+        assert!(l.owner.is_empty());
+        assert!((0..4).all(|n| !l.contains(n)));
+        l.push_newest(0, 2);
+        l.push_newest(0, 0);
+        assert_eq!(
+            (l.list_of(2), l.list_of(0), l.list_of(1)),
+            (Some(0), Some(0), None)
+        );
+        l.replace(2, 3);
+        assert_eq!((l.list_of(2), l.list_of(3)), (None, Some(0)));
+        assert_eq!(order(&l, 0), [3, 0]);
+        assert!(l.unlink(0));
+        assert!(!l.contains(0));
+        assert_eq!(order(&l, 0), [3]);
+        assert_eq!(l.list_of(4), None);
+    }
 }
