@@ -1,64 +1,103 @@
-//! Ghost entries: the keys of recently evicted lines, without their data, for the policies that
-//! learn from a line coming back soon after its eviction (ARC, S3-FIFO, LIRS). A fixed number
-//! of entries, allocated once: keys in a flat array, the entries of each ghost list in age
-//! order (an intrusive list), and an open-addressing hash index (linear probing, deletion by
-//! backward shift, so no tombstones) at most half full. About 29 bytes per entry.
+//! Ghost entries: fingerprints of the keys of recently evicted lines, without their data, for
+//! the policies that learn from a line coming back soon after its eviction (ARC, S3-FIFO, LIRS)
+//! and for N-hit admission. A fixed number of entries, allocated once: a 32-bit fingerprint
+//! per entry, the entries of each ghost list in age order (an intrusive list), and an
+//! open-addressing hash index of 4-byte entry numbers (linear probing, deletion by backward
+//! shift, so no tombstones) of 2 × capacity + 1 places, so at most half full. Unused entries
+//! are chained through their fingerprint field. 20 bytes per entry with one list, 21 with more.
+//!
+//! A fingerprint, not the key: two keys with the same fingerprint (one pair in 2^32) share a
+//! ghost, so a line may now and then be taken for one that was evicted, or a ghost be
+//! forgotten early. That changes a ranking (a line protected, or admitted, a little sooner);
+//! it never changes data, which the engine finds through its own index of full keys.
 
 use super::list::Lists;
 
 const EMPTY: u32 = u32::MAX;
 
+/// The most entries a table holds: its index (2 × capacity + 1 places) then has at most
+/// `u32::MAX` places, so `home` scales a fingerprint in 64 bits without overflow.
+const MAX_CAPACITY: u32 = (u32::MAX - 1) / 2;
+
+/// A 32-bit digest of a line key: what a ghost remembers of it.
+pub(crate) type Fingerprint = u32;
+
+/// The fingerprint of `key`: the high half of MurmurHash3's 64-bit finaliser, in which every
+/// key bit affects every fingerprint bit (keys of neighbouring lines differ in low bits only).
+pub(crate) fn fingerprint(key: u64) -> Fingerprint {
+    let mut h = key;
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    (h >> 32) as Fingerprint
+}
+
 pub(crate) struct Ghosts {
     order: Lists,
-    keys: Vec<u64>,
-    /// Unused entries (a stack; never grows past the capacity it was created with).
-    free: Vec<u32>,
+    /// The fingerprint of each entry in use; for an unused one, the next unused entry (or
+    /// `EMPTY`).
+    prints: Vec<Fingerprint>,
+    /// The first unused entry, `EMPTY` when the table is full.
+    free: u32,
     /// Entry numbers, `EMPTY` where no entry hashes.
     index: Vec<u32>,
-    mask: usize,
-    shift: u32,
 }
 
 impl Ghosts {
-    /// Room for `capacity` keys (at least one) spread over `lists` lists.
+    /// Room for `capacity` keys (at least one, at most `MAX_CAPACITY`) spread over `lists`
+    /// lists.
     pub fn new(capacity: u32, lists: usize) -> Ghosts {
-        let capacity = capacity.max(1);
-        let size = (capacity as usize * 2).next_power_of_two().max(2);
+        let capacity = capacity.clamp(1, MAX_CAPACITY);
         Ghosts {
             order: Lists::new(capacity as usize, lists),
-            keys: vec![0; capacity as usize],
-            free: (0..capacity).rev().collect(),
-            index: vec![EMPTY; size],
-            mask: size - 1,
-            shift: 64 - size.trailing_zeros(),
+            // Entry e is chained to e + 1; the last one to EMPTY.
+            prints: (1..capacity).chain([EMPTY]).collect(),
+            free: 0,
+            index: vec![EMPTY; capacity as usize * 2 + 1],
         }
     }
 
     pub fn is_full(&self) -> bool {
-        self.free.is_empty()
+        self.free == EMPTY
     }
 
     pub fn len(&self, list: usize) -> u32 {
         self.order.len(list)
     }
 
-    fn home(&self, key: u64) -> usize {
-        // Fibonacci hashing: neighbouring lines spread over the whole table.
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    /// The index place a fingerprint hashes to: fingerprints are uniform, so scaling one to
+    /// the table's size (multiply and keep the high half) spreads them evenly.
+    fn home(&self, print: Fingerprint) -> usize {
+        ((u64::from(print) * self.index.len() as u64) >> 32) as usize
     }
 
-    /// The entry holding `key`.
+    fn next_place(&self, i: usize) -> usize {
+        if i + 1 == self.index.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// The entry holding `key` (or a key with its fingerprint).
     pub fn find(&self, key: u64) -> Option<u32> {
-        let mut i = self.home(key);
+        self.find_print(fingerprint(key))
+    }
+
+    /// The entry holding `print`.
+    pub fn find_print(&self, print: Fingerprint) -> Option<u32> {
+        let mut i = self.home(print);
         loop {
             let e = self.index[i];
             if e == EMPTY {
                 return None;
             }
-            if self.keys[e as usize] == key {
+            if self.prints[e as usize] == print {
                 return Some(e);
             }
-            i = (i + 1) & self.mask;
+            i = self.next_place(i);
         }
     }
 
@@ -72,31 +111,41 @@ impl Ghosts {
 
     /// Forgets an entry.
     pub fn remove(&mut self, entry: u32) {
-        let mut i = self.home(self.keys[entry as usize]);
+        let mut i = self.home(self.prints[entry as usize]);
         while self.index[i] != entry {
             debug_assert_ne!(self.index[i], EMPTY, "ghost entry missing from its index");
-            i = (i + 1) & self.mask;
+            i = self.next_place(i);
         }
         // Backward shift: pull later entries of the probe run into the hole when their home
         // position is not between the hole and where they sit.
+        let size = self.index.len();
+        // How far `to` is past `from`, going round the end.
+        let distance = |from: usize, to: usize| {
+            if to >= from {
+                to - from
+            } else {
+                to + size - from
+            }
+        };
         self.index[i] = EMPTY;
         let mut hole = i;
         let mut j = i;
         loop {
-            j = (j + 1) & self.mask;
+            j = self.next_place(j);
             let e = self.index[j];
             if e == EMPTY {
                 break;
             }
-            let home = self.home(self.keys[e as usize]);
-            if (j.wrapping_sub(home) & self.mask) >= (j.wrapping_sub(hole) & self.mask) {
+            let home = self.home(self.prints[e as usize]);
+            if distance(home, j) >= distance(hole, j) {
                 self.index[hole] = e;
                 self.index[j] = EMPTY;
                 hole = j;
             }
         }
         self.order.unlink(entry);
-        self.free.push(entry);
+        self.prints[entry as usize] = self.free;
+        self.free = entry;
     }
 
     /// Forgets the oldest entry of `list`; false when the list is empty.
@@ -111,16 +160,24 @@ impl Ghosts {
     }
 
     /// Records `key` as the newest entry of `list` and returns its entry. A key already
-    /// present is moved. The caller makes room first: pushing into a full table panics.
+    /// present (or one with its fingerprint) is moved. The caller makes room first: pushing
+    /// into a full table panics.
     pub fn push(&mut self, list: usize, key: u64) -> u32 {
-        if let Some(e) = self.find(key) {
+        self.push_print(list, fingerprint(key))
+    }
+
+    /// [`push`](Self::push) of a fingerprint.
+    pub fn push_print(&mut self, list: usize, print: Fingerprint) -> u32 {
+        if let Some(e) = self.find_print(print) {
             self.remove(e);
         }
-        let e = self.free.pop().expect("push into a full ghost table");
-        self.keys[e as usize] = key;
-        let mut i = self.home(key);
+        let e = self.free;
+        assert_ne!(e, EMPTY, "push into a full ghost table");
+        self.free = self.prints[e as usize];
+        self.prints[e as usize] = print;
+        let mut i = self.home(print);
         while self.index[i] != EMPTY {
-            i = (i + 1) & self.mask;
+            i = self.next_place(i);
         }
         self.index[i] = e;
         self.order.push_newest(list, e);
@@ -150,6 +207,19 @@ mod tests {
         g.remove(g.find(2 << 48 | 2).unwrap());
         assert_eq!(g.find(2 << 48 | 2), None);
         assert_eq!(g.len(0), 3);
+    }
+
+    /// Keys are told apart by their fingerprints only: one that shares another's fingerprint
+    /// finds its ghost, and pushing it replaces that ghost (a ranking error, never data).
+    #[test]
+    fn keys_with_one_fingerprint_share_a_ghost() {
+        let mut g = Ghosts::new(8, 1);
+        let e = g.push(0, 5);
+        assert_eq!(g.find_print(fingerprint(5)), Some(e));
+        assert_eq!(g.find(6), None);
+        let moved = g.push_print(0, fingerprint(5));
+        assert_eq!(g.len(0), 1);
+        assert_eq!(g.find(5), Some(moved));
     }
 
     /// Against a model, with keys crowded into a small table so probe runs wrap and shift.
@@ -189,7 +259,10 @@ mod tests {
             }
             for (l, m) in model.iter().enumerate() {
                 assert_eq!(g.len(l) as usize, m.len());
-                assert_eq!(g.oldest(l).map(|e| g.keys[e as usize]), m.front().copied());
+                assert_eq!(
+                    g.oldest(l).map(|e| g.prints[e as usize]),
+                    m.front().map(|&k| fingerprint(k))
+                );
             }
         }
         for m in &model {

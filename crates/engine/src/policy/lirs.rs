@@ -16,8 +16,15 @@
 //! Structure: the stack S holds, by recency, LIR lines, resident HIR lines and ghosts
 //! (non-resident HIR keys), with a LIR line at its bottom (pruning drops HIR entries from the
 //! bottom); the queue Q holds the resident HIR lines, victims first. Nodes of S are slots
-//! `0..slots` and ghost entries `slots..2 * slots` (the ghost table holds `slots` keys; when it
-//! is full the oldest ghost is forgotten, which only makes LIRS forget a long reuse distance).
+//! `0..slots` and ghost entries `slots..2 * slots` (the ghost table holds `slots` key
+//! fingerprints, `ghost.rs`; when it is full the oldest ghost is forgotten, which only makes
+//! LIRS forget a long reuse distance).
+//!
+//! RAM per slot, at full occupancy: S 16 bytes (two 4-byte links for the slot and for its
+//! ghost entry), Q 8, the key's 4-byte fingerprint, the ghost table 20 (links 8, fingerprint
+//! 4, index 8): 48 bytes. It was 65 (at 1 M slots) with 8-byte keys per slot and per ghost, a
+//! list byte per node, a state byte per slot, a free-entry stack and a power-of-two ghost
+//! index.
 //!
 //! The engine's calls: `insert` is a miss (a key found among the ghosts becomes LIR), `touch`
 //! a hit, `remove` after `victim` turns the victim into a ghost where it stood in S, any other
@@ -30,7 +37,7 @@
 //! Q; unevictable ones are moved on to Q's end. If Q has none, the least recent evictable LIR
 //! line goes (walking up from the bottom of S); it leaves a ghost like any victim.
 
-use super::ghost::Ghosts;
+use super::ghost::{fingerprint, Fingerprint, Ghosts};
 use super::list::Lists;
 use super::ReplacementPolicy;
 
@@ -48,8 +55,9 @@ enum State {
 pub struct Lirs {
     stack: Lists,
     queue: Lists,
-    state: Vec<State>,
-    keys: Vec<u64>,
+    /// The fingerprint of each slot's key, for its ghost when it is evicted (the engine holds
+    /// the key itself; a policy needs no more of it than a ghost keeps).
+    prints: Vec<Fingerprint>,
     ghosts: Ghosts,
     slots: u32,
     lir_target: u32,
@@ -66,8 +74,7 @@ impl Lirs {
         Lirs {
             stack: Lists::new(2 * slots as usize, 1),
             queue: Lists::new(slots as usize, 1),
-            state: vec![State::Free; slots as usize],
-            keys: vec![0; slots as usize],
+            prints: vec![0; slots as usize],
             ghosts: Ghosts::new(slots, 1),
             slots,
             lir_target: slots.saturating_sub(hir_target),
@@ -87,7 +94,7 @@ impl Lirs {
             if self.is_ghost(n) {
                 self.stack.unlink(n);
                 self.ghosts.remove(n - self.slots);
-            } else if self.state[n as usize] == State::Hir {
+            } else if self.state(n) == State::Hir {
                 self.stack.unlink(n);
             } else {
                 break;
@@ -102,9 +109,8 @@ impl Lirs {
             let Some(b) = self.stack.oldest(ONLY) else {
                 break;
             };
-            debug_assert_eq!(self.state[b as usize], State::Lir);
+            debug_assert_eq!(self.state(b), State::Lir);
             self.stack.unlink(b);
-            self.state[b as usize] = State::Hir;
             self.lir_count -= 1;
             self.queue.push_newest(ONLY, b);
             self.prune();
@@ -112,7 +118,6 @@ impl Lirs {
     }
 
     fn make_lir(&mut self, slot: u32) {
-        self.state[slot as usize] = State::Lir;
         self.lir_count += 1;
         self.queue.unlink(slot);
         self.stack.move_to_newest(ONLY, slot);
@@ -138,23 +143,38 @@ impl Lirs {
             self.stack.unlink(self.slots + oldest);
             self.ghosts.remove(oldest);
         }
-        let e = self.ghosts.push(ONLY, self.keys[slot as usize]);
+        let e = self.ghosts.push_print(ONLY, self.prints[slot as usize]);
         self.stack.replace(slot, self.slots + e);
+    }
+
+    /// A slot's state, read from the lists rather than stored: the resident HIR lines are
+    /// exactly those in Q, every LIR line is in S (only a demotion or a removal takes one
+    /// out), and a free slot is in neither.
+    fn state(&self, slot: u32) -> State {
+        if slot >= self.slots {
+            State::Free // a ghost's node number, not a slot
+        } else if self.queue.contains(slot) {
+            State::Hir
+        } else if self.stack.contains(slot) {
+            State::Lir
+        } else {
+            State::Free
+        }
     }
 
     #[cfg(test)]
     fn state_of(&self, slot: u32) -> State {
-        self.state[slot as usize]
+        self.state(slot)
     }
 }
 
 impl ReplacementPolicy for Lirs {
     fn insert(&mut self, slot: u32, key: u64) {
         self.victim = NO_SLOT;
-        if self.state[slot as usize] != State::Free {
+        if self.state(slot) != State::Free {
             self.remove(slot);
         }
-        self.keys[slot as usize] = key;
+        self.prints[slot as usize] = fingerprint(key);
         if self.ghost_hit.take() == Some(key) || self.take_ghost(key) {
             // Its reuse distance beat the least recent LIR line's: it becomes LIR.
             self.make_lir(slot);
@@ -162,7 +182,6 @@ impl ReplacementPolicy for Lirs {
         } else if self.lir_count < self.lir_target {
             self.make_lir(slot);
         } else {
-            self.state[slot as usize] = State::Hir;
             self.stack.push_newest(ONLY, slot);
             self.queue.push_newest(ONLY, slot);
         }
@@ -170,13 +189,13 @@ impl ReplacementPolicy for Lirs {
     }
 
     fn touch(&mut self, slot: u32) {
-        match self.state.get(slot as usize) {
-            Some(State::Lir) => {
+        match self.state(slot) {
+            State::Lir => {
                 self.victim = NO_SLOT;
                 self.stack.move_to_newest(ONLY, slot);
                 self.prune();
             }
-            Some(State::Hir) => {
+            State::Hir => {
                 self.victim = NO_SLOT;
                 if self.stack.contains(slot) {
                     self.make_lir(slot);
@@ -188,16 +207,16 @@ impl ReplacementPolicy for Lirs {
                     self.prune(); // no LIR line below it when there is none at all
                 }
             }
-            _ => {}
+            State::Free => {}
         }
     }
 
     fn remove(&mut self, slot: u32) {
         let evicted = std::mem::replace(&mut self.victim, NO_SLOT) == slot;
-        let state = match self.state.get(slot as usize) {
-            Some(&s) if s != State::Free => s,
-            _ => return,
-        };
+        let state = self.state(slot);
+        if state == State::Free {
+            return;
+        }
         self.queue.unlink(slot);
         if state == State::Lir {
             self.lir_count -= 1;
@@ -209,7 +228,6 @@ impl ReplacementPolicy for Lirs {
                 self.stack.unlink(slot);
             }
         }
-        self.state[slot as usize] = State::Free;
         self.prune();
     }
 
@@ -228,7 +246,7 @@ impl ReplacementPolicy for Lirs {
         }
         let mut n = self.stack.oldest(ONLY);
         while let Some(node) = n {
-            if !self.is_ghost(node) && self.state[node as usize] == State::Lir && evictable(node) {
+            if self.state(node) == State::Lir && evictable(node) {
                 self.victim = node;
                 return Some(node);
             }

@@ -2,16 +2,23 @@
 //! at most one of a fixed number of lists, and every array is allocated once at construction,
 //! so moving a node costs a few stores and never allocates. Each list has a newest end (where
 //! nodes are pushed) and an oldest end (where victims are looked for).
+//!
+//! 8 bytes per node with one list (two 4-byte links; an unlinked node is marked in its
+//! `older` link), 9 with more (a byte naming the node's list).
 
+/// No node: the end of a list.
 const NIL: u32 = u32::MAX;
+/// The `older` link of a node in no list. Node numbers stay below it.
+const UNLINKED: u32 = u32::MAX - 1;
 const NO_LIST: u8 = u8::MAX;
 
 pub(crate) struct Lists {
-    /// Towards the oldest end.
+    /// Towards the oldest end; `UNLINKED` for a node in no list.
     older: Vec<u32>,
     /// Towards the newest end.
     newer: Vec<u32>,
-    /// The list a node is in, `NO_LIST` when unlinked.
+    /// The list a linked node is in (stale for an unlinked one). Empty when there is one
+    /// list: a linked node is in it.
     owner: Vec<u8>,
     newest: Vec<u32>,
     oldest: Vec<u32>,
@@ -23,13 +30,15 @@ fn opt(n: u32) -> Option<u32> {
 }
 
 impl Lists {
-    /// `nodes` node indices `0..nodes`, `lists` lists (at most 255).
+    /// `nodes` node indices `0..nodes` (at most `u32::MAX - 1`), `lists` lists (1 to 254).
     pub fn new(nodes: usize, lists: usize) -> Lists {
-        assert!(lists < usize::from(NO_LIST));
+        assert!((1..usize::from(NO_LIST)).contains(&lists));
+        debug_assert!(nodes <= UNLINKED as usize, "{nodes} nodes");
+        let owners = if lists == 1 { 0 } else { nodes };
         Lists {
-            older: vec![NIL; nodes],
+            older: vec![UNLINKED; nodes],
             newer: vec![NIL; nodes],
-            owner: vec![NO_LIST; nodes],
+            owner: vec![NO_LIST; owners],
             newest: vec![NIL; lists],
             oldest: vec![NIL; lists],
             len: vec![0; lists],
@@ -38,9 +47,15 @@ impl Lists {
 
     /// The list node `n` is in. Out-of-range nodes are in none.
     pub fn list_of(&self, n: u32) -> Option<usize> {
-        match self.owner.get(n as usize) {
-            Some(&l) if l != NO_LIST => Some(usize::from(l)),
-            _ => None,
+        match self.older.get(n as usize) {
+            Some(&UNLINKED) | None => None,
+            Some(_) => Some(self.owner.get(n as usize).map_or(0, |&l| usize::from(l))),
+        }
+    }
+
+    fn set_owner(&mut self, n: u32, list: usize) {
+        if let Some(owner) = self.owner.get_mut(n as usize) {
+            *owner = list as u8;
         }
     }
 
@@ -74,7 +89,7 @@ impl Lists {
             self.newer[head as usize] = n;
         }
         self.newest[list] = n;
-        self.owner[i] = list as u8;
+        self.set_owner(n, list);
         self.len[list] += 1;
     }
 
@@ -95,9 +110,8 @@ impl Lists {
         } else {
             self.older[w as usize] = o;
         }
-        self.older[i] = NIL;
+        self.older[i] = UNLINKED;
         self.newer[i] = NIL;
-        self.owner[i] = NO_LIST;
         self.len[list] -= 1;
         true
     }
@@ -129,10 +143,9 @@ impl Lists {
         } else {
             self.older[w as usize] = new;
         }
-        self.owner[j] = list as u8;
-        self.older[i] = NIL;
+        self.set_owner(new, list);
+        self.older[i] = UNLINKED;
         self.newer[i] = NIL;
-        self.owner[i] = NO_LIST;
     }
 }
 
@@ -174,5 +187,26 @@ mod tests {
         l.replace(0, 2);
         assert_eq!(order(&l, 0), [7, 2]);
         assert_eq!(l.list_of(100), None);
+    }
+
+    /// With one list there is no list byte: membership is read from the `older` link.
+    #[test]
+    fn one_list_tracks_membership_without_a_list_byte() {
+        let mut l = Lists::new(4, 1);
+        assert!(l.owner.is_empty());
+        assert!((0..4).all(|n| !l.contains(n)));
+        l.push_newest(0, 2);
+        l.push_newest(0, 0);
+        assert_eq!(
+            (l.list_of(2), l.list_of(0), l.list_of(1)),
+            (Some(0), Some(0), None)
+        );
+        l.replace(2, 3);
+        assert_eq!((l.list_of(2), l.list_of(3)), (None, Some(0)));
+        assert_eq!(order(&l, 0), [3, 0]);
+        assert!(l.unlink(0));
+        assert!(!l.contains(0));
+        assert_eq!(order(&l, 0), [3]);
+        assert_eq!(l.list_of(4), None);
     }
 }

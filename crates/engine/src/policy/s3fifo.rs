@@ -31,7 +31,7 @@
 //! leaves only unevictable lines there, so at most M, S, M (when M is first) or S, M finds any
 //! evictable slot, in O((max counter + 2) * slots) steps at worst.
 
-use super::ghost::Ghosts;
+use super::ghost::{fingerprint, Fingerprint, Ghosts};
 use super::list::Lists;
 use super::ReplacementPolicy;
 
@@ -42,7 +42,8 @@ const NO_SLOT: u32 = u32::MAX;
 pub struct S3Fifo {
     queues: Lists,
     freq: Vec<u8>,
-    keys: Vec<u64>,
+    /// The fingerprint of each slot's key, for its ghost (the engine holds the key itself).
+    prints: Vec<Fingerprint>,
     ghosts: Ghosts,
     /// M's share of the slots: eviction takes from M when M holds more, or S is empty.
     main_target: u32,
@@ -82,7 +83,7 @@ impl S3Fifo {
         S3Fifo {
             queues: Lists::new(slots as usize, 2),
             freq: vec![0; slots as usize],
-            keys: vec![0; slots as usize],
+            prints: vec![0; slots as usize],
             ghosts: Ghosts::new(ghost_capacity(slots), 1),
             ghost_hit: None,
             main_target: slots - small_target.min(slots),
@@ -148,7 +149,7 @@ impl ReplacementPolicy for S3Fifo {
     fn insert(&mut self, slot: u32, key: u64) {
         self.queues.unlink(slot);
         self.victim = NO_SLOT;
-        self.keys[slot as usize] = key;
+        self.prints[slot as usize] = fingerprint(key);
         self.freq[slot as usize] = 0;
         let queue = if self.ghost_hit.take() == Some(key) || self.take_ghost(key) {
             MAIN
@@ -176,7 +177,7 @@ impl ReplacementPolicy for S3Fifo {
             if self.ghosts.is_full() {
                 self.ghosts.pop_oldest(0);
             }
-            self.ghosts.push(0, self.keys[slot as usize]);
+            self.ghosts.push_print(0, self.prints[slot as usize]);
         }
     }
 
