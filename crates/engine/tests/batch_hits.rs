@@ -163,10 +163,10 @@ fn a_checksum_mismatch_in_a_batch_is_read_from_the_backing_device() {
     }
     let caught = counter(&vol, "checksum_errors");
     let hits = counter(&vol, "read_hits");
-    assert!(
-        caught >= 16,
-        "damaged sectors caught: {caught} (hits {hits})"
-    );
+    // Each damaged read is caught and served from the backing device, until the volume stops
+    // using a cache device that fails this often (CACHE_ERROR_LIMIT).
+    assert!(caught >= 8, "damaged sectors caught: {caught}");
+    assert_eq!(hits, 0, "no damaged read counted as a hit");
 }
 
 #[test]
