@@ -51,10 +51,31 @@ pub fn io_uring_reads() -> u64 {
     RING_READS.load(Ordering::Relaxed)
 }
 
+/// Whether batched reads go through io_uring in this process: it is not turned off and the
+/// kernel gives a ring (probed once). Without it a batch is no cheaper than its reads one by
+/// one, so callers that can spread reads over threads instead should.
+pub fn io_uring_available() -> bool {
+    static PROBED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    read_env();
+    if DISABLED.load(Ordering::SeqCst) {
+        return false;
+    }
+    *PROBED.get_or_init(|| match IoUring::new(1) {
+        Ok(_) => true,
+        Err(error) => {
+            WARNED.call_once(|| {
+                tracing::warn!(%error, "io_uring is unavailable; cache hits use one synchronous read each");
+            });
+            false
+        }
+    })
+}
+
 fn read_env() {
     READ_ENV.call_once(|| {
         if std::env::var_os("SSDCACHE_NO_IO_URING").is_some_and(|v| !v.is_empty() && v != "0") {
             DISABLED.store(true, Ordering::SeqCst);
+            tracing::info!("SSDCACHE_NO_IO_URING is set: cache hits use one synchronous read each");
         }
     });
 }

@@ -669,7 +669,12 @@ impl<'a, S: NbdStream> Connection<'a, S> {
             error: None,
         };
         let mut wait = true;
-        while batch.reads.len() < MAX_READ_BATCH {
+        let most = if self.export.backend.batches_reads() {
+            MAX_READ_BATCH
+        } else {
+            1
+        };
+        while batch.reads.len() < most {
             if !wait && input.reader.buffer().len() < REQUEST_HEADER_LEN {
                 break;
             }

@@ -59,6 +59,14 @@ pub trait Export: Send + Sync {
     /// [`MAX_READ_BATCH`]), so an export that can submit many device reads at once (the
     /// cache: one io_uring_enter for a batch of hits) overrides this; the default reads one
     /// after another.
+    /// Whether the connection should gather fast READs into batches for [`Export::read_many`].
+    /// False when a batch is no cheaper than its reads (then each fast worker serves one READ
+    /// at a time, and the reads of different workers overlap). The default, true, suits
+    /// exports whose reads do not wait for a device.
+    fn batches_reads(&self) -> bool {
+        true
+    }
+
     fn read_many(&self, reads: &mut [BatchedRead<'_>]) {
         for read in reads {
             read.result = self.read(read.offset, read.buf);
