@@ -430,6 +430,16 @@ struct Request<'a> {
     _in_flight: InFlight<'a>,
 }
 
+/// Whether `buffered` starts with a whole READ request header. Gathering a batch reads
+/// nothing else: a WRITE's payload may still be on its way, or wait for request memory the
+/// batch holds, and the batch's replies would wait with it.
+fn next_is_read(buffered: &[u8]) -> bool {
+    buffered
+        .get(..REQUEST_HEADER_LEN)
+        .and_then(|raw| RequestHeader::parse(raw.try_into().ok()?).ok())
+        .is_some_and(|header| header.command == Command::Read)
+}
+
 /// What a fast worker read in one turn at the reader ([`Connection::next_batch`]).
 struct Batch<'a> {
     /// Fast READs with their buffers, at most [`MAX_READ_BATCH`], served together.
@@ -655,8 +665,9 @@ impl<'a, S: NbdStream> Connection<'a, S> {
 
     /// Reads the next request (waiting for it) and, while it and those after it are fast
     /// READs, every further request already in the read buffer: up to [`MAX_READ_BATCH`]
-    /// READs with their buffers leased, then at most one other request. Only requests whose
-    /// header is received already are read, so gathering never waits for the client.
+    /// READs with their buffers leased, then at most one other request. Only READs whose
+    /// header is received already are read after the first, so gathering never waits for
+    /// the client.
     fn next_batch(&self) -> Result<Option<Batch<'a>>, ConnectionError> {
         let mut input = lock(&self.input);
         if self.closed.load(Ordering::SeqCst) || self.shared.is_shutting_down() {
@@ -675,7 +686,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
             1
         };
         while batch.reads.len() < most {
-            if !wait && input.reader.buffer().len() < REQUEST_HEADER_LEN {
+            if !wait && !next_is_read(input.reader.buffer()) {
                 break;
             }
             let request = match self.read_request(&mut input) {
