@@ -29,10 +29,12 @@ struct BatchExport {
     opened: Condvar,
     batches: Mutex<Vec<usize>>,
     single_reads: AtomicUsize,
+    /// What `batches_reads` answers.
+    batching: bool,
 }
 
 impl BatchExport {
-    fn new() -> Arc<BatchExport> {
+    fn new(batching: bool) -> Arc<BatchExport> {
         let data = (0..SIZE as usize / BLOCK)
             .flat_map(|i| pattern(i as u8, BLOCK))
             .collect();
@@ -42,6 +44,7 @@ impl BatchExport {
             opened: Condvar::new(),
             batches: Mutex::new(Vec::new()),
             single_reads: AtomicUsize::new(0),
+            batching,
         })
     }
 
@@ -86,6 +89,9 @@ impl Export for BatchExport {
             Lane::Slow
         }
     }
+    fn batches_reads(&self) -> bool {
+        self.batching
+    }
     fn read_many(&self, reads: &mut [BatchedRead<'_>]) {
         let first = {
             let mut batches = self.batches.lock().unwrap();
@@ -107,12 +113,13 @@ impl Export for BatchExport {
     }
 }
 
-#[test]
-fn reads_received_together_are_served_as_one_batch_between_other_requests() {
-    let backend = BatchExport::new();
+type Handle = thread::JoinHandle<Result<(), ssdcache_nbd::ConnectionError>>;
+
+/// A server with one fast worker per connection over `backend`, and a negotiated client.
+fn connect(backend: &Arc<BatchExport>) -> (Server, Client<UnixStream>, Handle) {
     let export = ServerExport {
         info: export_info("disk", SIZE, transmission_flags(false)),
-        backend: Arc::clone(&backend) as Arc<dyn Export>,
+        backend: Arc::clone(backend) as Arc<dyn Export>,
     };
     let config = ServerConfig {
         fast_threads_per_connection: 1,
@@ -123,15 +130,53 @@ fn reads_received_together_are_served_as_one_batch_between_other_requests() {
     client.set_read_timeout(Some(LIMIT)).unwrap();
     let serving = server.clone();
     let handle = thread::spawn(move || serving.serve_stream(server_end));
-    let mut client = Client::go(client, "disk");
+    (server, Client::go(client, "disk"), handle)
+}
+
+/// Waits (bounded) until the first batch is at the gate.
+fn wait_for_first_batch(backend: &BatchExport) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    while backend.batches.lock().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no batch reached the export"
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn an_export_that_does_not_batch_gets_one_read_at_a_time() {
+    let backend = BatchExport::new(false);
+    let (_server, mut client, handle) = connect(&backend);
+    client.send(Command::Read, 0, 0, BLOCK as u32, &[]);
+    wait_for_first_batch(&backend);
+    for i in 1..20u64 {
+        client.send(Command::Read, 0, i * BLOCK as u64, BLOCK as u32, &[]);
+    }
+    backend.open();
+    for _ in 0..20 {
+        let reply = client.recv();
+        assert_eq!(reply.error, 0);
+        assert_eq!(reply.data, pattern((reply.cookie - 1) as u8, BLOCK));
+    }
+    let batches = backend.batches.lock().unwrap().clone();
+    assert_eq!(batches, vec![1; 20], "every read on its own");
+    client.send(Command::Disconnect, 0, 0, 0, &[]);
+    assert!(client.at_eof());
+    assert!(handle.join().unwrap().is_ok());
+}
+
+#[test]
+fn reads_received_together_are_served_as_one_batch_between_other_requests() {
+    let backend = BatchExport::new(true);
+    let (_server, mut client, handle) = connect(&backend);
 
     // The first READ holds the only fast worker at the gate while the rest arrive.
     let mut expected: HashMap<u64, Option<Vec<u8>>> = HashMap::new();
     let first = client.send(Command::Read, 0, 0, BLOCK as u32, &[]);
     expected.insert(first, Some(pattern(0, BLOCK)));
-    while backend.batches.lock().unwrap().is_empty() {
-        thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_first_batch(&backend);
     for i in 1..=40u64 {
         let block = i * 3 % 2048;
         let cookie = client.send(Command::Read, 0, block * BLOCK as u64, BLOCK as u32, &[]);
