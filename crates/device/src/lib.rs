@@ -7,6 +7,7 @@ mod aligned;
 mod file;
 pub mod identity;
 mod rng;
+pub mod uring;
 
 pub use aligned::AlignedBuf;
 pub use file::{FileDevice, OpenOptions};
@@ -31,6 +32,31 @@ pub trait BlockDevice: Send + Sync {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()>;
     /// A short description for logs and errors (the path, usually).
     fn describe(&self) -> String;
+    /// Reads every entry, each result into its `result`. Devices that can submit many reads
+    /// at once ([`FileDevice`]: io_uring) override it; the default reads one after another.
+    fn read_many(&self, reads: &mut [DeviceRead<'_>]) {
+        for read in reads {
+            read.result = self.read_at(read.buf, read.offset);
+        }
+    }
+}
+
+/// One read of a batch ([`BlockDevice::read_many`]).
+pub struct DeviceRead<'b> {
+    pub offset: u64,
+    pub buf: &'b mut [u8],
+    /// An error until the read succeeded.
+    pub result: io::Result<()>,
+}
+
+impl<'b> DeviceRead<'b> {
+    pub fn new(offset: u64, buf: &'b mut [u8]) -> Self {
+        DeviceRead {
+            offset,
+            buf,
+            result: Err(io::Error::other("read not done")),
+        }
+    }
 }
 
 /// Writes zeroes with ordinary writes, 1 MiB at a time, for devices with no cheaper way.

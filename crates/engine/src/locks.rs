@@ -72,6 +72,34 @@ impl LineLocks {
         }
     }
 
+    /// Like `lock_range`, but never waits: `None` (holding nothing) when a line is held.
+    /// A batch of hits takes its later requests' lines so (docs/design.md §6.1): it never
+    /// waits for a line while it holds others.
+    pub fn try_lock_range(&self, volume: u16, first: u64, last: u64) -> Option<RangeGuard<'_>> {
+        for line in first..=last {
+            let key = line_key(volume, line);
+            let taken = lock_set(&self.shards[shard_of(key)]).keys.insert(key);
+            if !taken {
+                if line > first {
+                    // Gives back the lines taken so far (and wakes their waiters).
+                    drop(RangeGuard {
+                        locks: self,
+                        volume,
+                        first,
+                        last: line - 1,
+                    });
+                }
+                return None;
+            }
+        }
+        Some(RangeGuard {
+            locks: self,
+            volume,
+            first,
+            last,
+        })
+    }
+
     pub fn is_held(&self, key: LineKey) -> bool {
         lock_set(&self.shards[shard_of(key)]).keys.contains(&key)
     }
@@ -134,5 +162,22 @@ mod tests {
             assert!(t.join().is_ok());
         }
         assert!(!locks.is_held(line_key(1, 3)));
+    }
+
+    #[test]
+    fn try_lock_takes_all_or_nothing() {
+        let locks = LineLocks::new();
+        let held = locks.lock_range(1, 5, 5);
+        assert!(locks.try_lock_range(1, 3, 6).is_none());
+        for line in [3, 4, 6] {
+            assert!(!locks.is_held(line_key(1, line)), "line {line} kept");
+        }
+        assert!(locks.try_lock_range(1, 5, 5).is_none());
+        drop(held);
+        let all = locks.try_lock_range(1, 3, 6);
+        assert!(all.is_some());
+        assert!(locks.is_held(line_key(1, 5)));
+        drop(all);
+        assert!(!locks.is_held(line_key(1, 5)));
     }
 }

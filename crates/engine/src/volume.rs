@@ -18,6 +18,9 @@ use crate::map::MapState;
 use crate::sync::atomic::{AtomicU8, Ordering};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 
+mod batch;
+pub use batch::{BatchRead, HitPlan};
+
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]
 #[repr(usize)]

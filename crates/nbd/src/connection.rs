@@ -39,8 +39,8 @@ use crate::proto::{
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
 use crate::server::{
-    lock, Lane, NbdStream, Registration, ServerExport, Shared, DATALESS_CHUNK_BYTES,
-    SLOW_LANE_QUEUE,
+    lock, BatchedRead, Lane, NbdStream, Registration, ServerExport, Shared, DATALESS_CHUNK_BYTES,
+    MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
@@ -430,6 +430,26 @@ struct Request<'a> {
     _in_flight: InFlight<'a>,
 }
 
+/// Whether `buffered` starts with a whole READ request header. Gathering a batch reads
+/// nothing else: a WRITE's payload may still be on its way, or wait for request memory the
+/// batch holds, and the batch's replies would wait with it.
+fn next_is_read(buffered: &[u8]) -> bool {
+    buffered
+        .get(..REQUEST_HEADER_LEN)
+        .and_then(|raw| RequestHeader::parse(raw.try_into().ok()?).ok())
+        .is_some_and(|header| header.command == Command::Read)
+}
+
+/// What a fast worker read in one turn at the reader ([`Connection::next_batch`]).
+struct Batch<'a> {
+    /// Fast READs with their buffers, at most [`MAX_READ_BATCH`], served together.
+    reads: Vec<Request<'a>>,
+    /// The request that ended the gathering (not a fast READ), served after the batch.
+    other: Option<Request<'a>>,
+    /// The error that ended the reading, recorded after the batch is answered.
+    error: Option<ConnectionError>,
+}
+
 /// The requests of one connection that wait for a slow worker, and those workers.
 struct SlowLane<'a> {
     state: Mutex<SlowState<'a>>,
@@ -616,22 +636,167 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     }
 
     /// Reads requests, runs the fast ones and queues the slow ones, until no more can be read.
+    /// Fast READs already received are served together ([`Connection::next_batch`]).
     fn fast_worker<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>) {
         let _abort_on_panic = AbortOnPanic(self);
         loop {
-            let request = match self.next_request() {
-                Ok(Some(request)) => request,
+            let batch = match self.next_batch() {
+                Ok(Some(batch)) => batch,
                 Ok(None) => return,
                 Err(error) => return self.record(error),
             };
-            let answered = match self.lane_of(&request) {
-                Lane::Fast => self.serve(request),
-                Lane::Slow => self.queue_slow(request, scope),
-            };
-            if !answered {
+            if !batch.reads.is_empty() && !self.serve_reads(batch.reads) {
                 return;
             }
+            if let Some(request) = batch.other {
+                let answered = match self.lane_of(&request) {
+                    Lane::Fast => self.serve(request),
+                    Lane::Slow => self.queue_slow(request, scope),
+                };
+                if !answered {
+                    return;
+                }
+            }
+            if let Some(error) = batch.error {
+                return self.record(error);
+            }
         }
+    }
+
+    /// Reads the next request (waiting for it) and, while it and those after it are fast
+    /// READs, every further request already in the read buffer: up to [`MAX_READ_BATCH`]
+    /// READs with their buffers leased, then at most one other request. Only READs whose
+    /// header is received already are read after the first, so gathering never waits for
+    /// the client.
+    fn next_batch(&self) -> Result<Option<Batch<'a>>, ConnectionError> {
+        let mut input = lock(&self.input);
+        if self.closed.load(Ordering::SeqCst) || self.shared.is_shutting_down() {
+            self.closed.store(true, Ordering::SeqCst);
+            return Ok(None);
+        }
+        let mut batch = Batch {
+            reads: Vec::new(),
+            other: None,
+            error: None,
+        };
+        let mut wait = true;
+        let most = if self.export.backend.batches_reads() {
+            MAX_READ_BATCH
+        } else {
+            1
+        };
+        while batch.reads.len() < most {
+            if !wait && !next_is_read(input.reader.buffer()) {
+                break;
+            }
+            let request = match self.read_request(&mut input) {
+                Ok(Some(request)) => request,
+                Ok(None) if wait => {
+                    self.closed.store(true, Ordering::SeqCst);
+                    return Ok(None);
+                }
+                Ok(None) => {
+                    self.closed.store(true, Ordering::SeqCst);
+                    break;
+                }
+                Err(error) if wait => {
+                    self.closed.store(true, Ordering::SeqCst);
+                    return Err(error);
+                }
+                Err(error) => {
+                    // The requests gathered are answered first.
+                    self.closed.store(true, Ordering::SeqCst);
+                    batch.error = Some(error);
+                    break;
+                }
+            };
+            // The first request may wait for its buffer, as `execute` would; later ones take
+            // one only if it is free now, so the batch never waits for memory it holds.
+            match self.batchable(request, wait) {
+                Ok(read) => batch.reads.push(read),
+                Err(other) => {
+                    batch.other = Some(other);
+                    break;
+                }
+            }
+            wait = false;
+        }
+        Ok(Some(batch))
+    }
+
+    /// The request with its buffer leased if it is a valid fast READ that can join a batch;
+    /// otherwise the request, to be served the usual way.
+    fn batchable(
+        &self,
+        mut request: Request<'a>,
+        may_wait: bool,
+    ) -> Result<Request<'a>, Request<'a>> {
+        let header = request.header;
+        if header.command != Command::Read
+            || request.verdict.is_err()
+            || header.length == 0
+            || self.lane_of(&request) != Lane::Fast
+        {
+            return Err(request);
+        }
+        let leased = if may_wait {
+            self.lease(header.length as usize)
+        } else {
+            let now = Instant::now();
+            self.shared
+                .buffers
+                .take(self.memory, header.length as usize, now, &|| true)
+        };
+        match leased {
+            Ok(lease) => {
+                request.buffer = Some(lease);
+                Ok(request)
+            }
+            Err(errno) if may_wait => {
+                request.verdict = Err(errno);
+                Err(request)
+            }
+            // `execute` waits for it after the batch gave its memory back.
+            Err(_) => Err(request),
+        }
+    }
+
+    /// Serves a batch of fast READs (each with its buffer) with one call to the export and
+    /// sends their replies in one writev. False when the replies could not be sent.
+    fn serve_reads(&self, mut requests: Vec<Request<'a>>) -> bool {
+        let outcomes = self.read_batch(&mut requests);
+        for (request, outcome) in requests.iter().zip(&outcomes) {
+            if let Err(errno) = outcome {
+                debug!(peer = %self.peer, header = ?request.header, %errno, "request failed");
+            }
+        }
+        if let Err(error) = self.send_replies(&requests, &outcomes) {
+            self.record(error);
+            self.abort();
+            return false;
+        }
+        true
+    }
+
+    fn read_batch(&self, requests: &mut [Request<'a>]) -> Vec<Result<(), Errno>> {
+        let _inside = match self.shared.enter_backend() {
+            Ok(inside) => inside,
+            Err(errno) => return vec![Err(errno); requests.len()],
+        };
+        let mut reads: Vec<BatchedRead<'_>> = requests
+            .iter_mut()
+            .filter_map(|request| {
+                let offset = request.header.offset;
+                let buf = request.buffer.as_deref_mut()?;
+                Some(BatchedRead {
+                    offset,
+                    buf,
+                    result: Err(Errno::Io),
+                })
+            })
+            .collect();
+        self.export.backend.read_many(&mut reads);
+        reads.into_iter().map(|read| read.result).collect()
     }
 
     /// Serves queued slow requests until the lane closes and is empty.
@@ -736,21 +901,6 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// Keeps the first error of the connection (what it ends with).
     fn record(&self, error: ConnectionError) {
         lock(&self.first_error).get_or_insert(error);
-    }
-
-    /// Reads the next request under the reader lock, or `None` when this
-    /// connection should read no more.
-    fn next_request(&self) -> Result<Option<Request<'a>>, ConnectionError> {
-        let mut input = lock(&self.input);
-        if self.closed.load(Ordering::SeqCst) || self.shared.is_shutting_down() {
-            self.closed.store(true, Ordering::SeqCst);
-            return Ok(None);
-        }
-        let result = self.read_request(&mut input);
-        if !matches!(result, Ok(Some(_))) {
-            self.closed.store(true, Ordering::SeqCst);
-        }
-        result
     }
 
     fn read_request(&self, input: &mut Input<S>) -> Result<Option<Request<'a>>, ConnectionError> {
@@ -958,6 +1108,28 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         Ok(())
     }
 
+    /// The replies of a batch of READs (each with its buffer), in one writev under the
+    /// writer lock.
+    fn send_replies(
+        &self,
+        requests: &[Request<'_>],
+        outcomes: &[Result<(), Errno>],
+    ) -> Result<(), ConnectionError> {
+        let headers: Vec<_> = requests
+            .iter()
+            .zip(outcomes)
+            .map(|(request, outcome)| simple_reply_header(outcome.err(), request.header.cookie))
+            .collect();
+        let mut slices = Vec::with_capacity(2 * requests.len());
+        for ((header, request), outcome) in headers.iter().zip(requests).zip(outcomes) {
+            slices.push(IoSlice::new(header));
+            if let (Ok(()), Some(data)) = (outcome, request.buffer.as_deref()) {
+                slices.push(IoSlice::new(data));
+            }
+        }
+        self.write_replies(&mut slices)
+    }
+
     /// Header and read data leave in one writev under the writer lock, so
     /// replies from different workers never interleave.
     fn send_reply(
@@ -975,9 +1147,13 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 (outcome, _, _) => (outcome.err(), &[]),
             };
         let reply = simple_reply_header(error, header.cookie);
-        let mut slices = [IoSlice::new(&reply), IoSlice::new(data)];
+        self.write_replies(&mut [IoSlice::new(&reply), IoSlice::new(data)])
+    }
+
+    /// Writes whole replies under the writer lock within the I/O timeout.
+    fn write_replies(&self, slices: &mut [IoSlice<'_>]) -> Result<(), ConnectionError> {
         let limit = self.shared.config.io_timeout;
-        let written = write_all_by(&mut *lock(&self.writer), &mut slices, limit);
+        let written = write_all_by(&mut *lock(&self.writer), slices, limit);
         written.map_err(|failure| match failure {
             IoFailure::TimedOut => ConnectionError::TimedOut {
                 peer: self.peer.to_owned(),

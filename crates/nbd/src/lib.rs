@@ -58,6 +58,6 @@ pub use connection::ConnectionError;
 pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome};
 pub use proto::{transmission_flags, Command, Errno, ProtocolError, RequestHeader};
 pub use server::{
-    Export, Lane, NbdStream, Server, ServerConfig, ServerError, ServerExport, DATALESS_CHUNK_BYTES,
-    SLOW_LANE_QUEUE,
+    BatchedRead, Export, Lane, NbdStream, Server, ServerConfig, ServerError, ServerExport,
+    DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };

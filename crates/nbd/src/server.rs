@@ -53,7 +53,39 @@ pub trait Export: Send + Sync {
         let _ = (command, offset, length);
         Lane::Slow
     }
+
+    /// Serves several READs that [`Export::lane`] sent to the fast lane, each result into its
+    /// `result`. The connection gathers them from the requests already received (at most
+    /// [`MAX_READ_BATCH`]), so an export that can submit many device reads at once (the
+    /// cache: one io_uring_enter for a batch of hits) overrides this; the default reads one
+    /// after another.
+    /// Whether the connection should gather fast READs into batches for [`Export::read_many`].
+    /// False when a batch is no cheaper than its reads (then each fast worker serves one READ
+    /// at a time, and the reads of different workers overlap). The default, true, suits
+    /// exports whose reads do not wait for a device.
+    fn batches_reads(&self) -> bool {
+        true
+    }
+
+    fn read_many(&self, reads: &mut [BatchedRead<'_>]) {
+        for read in reads {
+            read.result = self.read(read.offset, read.buf);
+        }
+    }
 }
+
+/// One READ of a batch ([`Export::read_many`]).
+pub struct BatchedRead<'b> {
+    pub offset: u64,
+    pub buf: &'b mut [u8],
+    /// What the read came to; set by `read_many`.
+    pub result: Result<(), Errno>,
+}
+
+/// READs one fast worker serves together at most (docs/design.md §6.1): the requests it finds
+/// already received after the one it waited for. Their replies leave in one writev of twice
+/// as many slices, far below IOV_MAX (1024).
+pub const MAX_READ_BATCH: usize = 32;
 
 /// Where a request runs on its connection (docs/design.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

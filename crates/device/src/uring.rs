@@ -1,0 +1,273 @@
+//! Batched reads through io_uring: many reads of one file go to the kernel with one
+//! `io_uring_enter` instead of one `pread` (and one wait) each. The NBD server uses it for
+//! cache hits (docs/design.md §6.1): a batch of hits costs one system call and one wait.
+//!
+//! Each thread that batches gets its own ring and its own staging buffer, made on first use
+//! and freed when the thread ends (the NBD server's fast workers live as long as their
+//! connection). The kernel reads into the staging buffer, which this module owns, and the
+//! data is copied to the caller's buffer after the completion: the caller's memory is never
+//! in the kernel's hands, so an error in the ring can never leave the kernel writing into a
+//! buffer that was given back (the ring and its buffer are then leaked, not freed), and the
+//! staging buffer is 4 KiB aligned as O_DIRECT requires whatever the caller's alignment.
+//!
+//! Where io_uring is unavailable (an old kernel, a seccomp filter, `SSDCACHE_NO_IO_URING=1`
+//! or [`set_io_uring_enabled`]) every read goes through the fallback (`pread`), and the log
+//! says so once.
+
+use std::cell::RefCell;
+use std::io;
+use std::os::unix::io::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
+
+use io_uring::{opcode, types, IoUring};
+
+use crate::{AlignedBuf, DeviceRead, ALIGN};
+
+/// Submission queue entries per ring, so reads in flight per thread at most; a longer batch
+/// goes in rounds of this many.
+pub const RING_ENTRIES: u32 = 64;
+
+/// Staging memory per batching thread: the bytes one round reads at most. A read bigger
+/// than this goes through the fallback on its own.
+pub const STAGING_BYTES: usize = 256 * 1024;
+
+/// Set by `set_io_uring_enabled(false)` (tests) or `SSDCACHE_NO_IO_URING` (operators).
+static DISABLED: AtomicBool = AtomicBool::new(false);
+static READ_ENV: Once = Once::new();
+static WARNED: Once = Once::new();
+/// Reads completed through a ring, for tests and diagnostics.
+static RING_READS: AtomicU64 = AtomicU64::new(0);
+
+/// Turns batched reads through io_uring on or off for the whole process (threads that have a
+/// ring stop using it too). Off, every read takes the fallback.
+pub fn set_io_uring_enabled(enabled: bool) {
+    read_env();
+    DISABLED.store(!enabled, Ordering::SeqCst);
+}
+
+/// Reads that completed through io_uring since the process started.
+pub fn io_uring_reads() -> u64 {
+    RING_READS.load(Ordering::Relaxed)
+}
+
+/// Whether batched reads go through io_uring in this process: it is not turned off and the
+/// kernel gives a ring (probed once). Without it a batch is no cheaper than its reads one by
+/// one, so callers that can spread reads over threads instead should.
+pub fn io_uring_available() -> bool {
+    static PROBED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    read_env();
+    if DISABLED.load(Ordering::SeqCst) {
+        return false;
+    }
+    *PROBED.get_or_init(|| match IoUring::new(1) {
+        Ok(_) => true,
+        Err(error) => {
+            WARNED.call_once(|| {
+                tracing::warn!(%error, "io_uring is unavailable; cache hits use one synchronous read each");
+            });
+            false
+        }
+    })
+}
+
+fn read_env() {
+    READ_ENV.call_once(|| {
+        if std::env::var_os("SSDCACHE_NO_IO_URING").is_some_and(|v| !v.is_empty() && v != "0") {
+            DISABLED.store(true, Ordering::SeqCst);
+            tracing::info!("SSDCACHE_NO_IO_URING is set: cache hits use one synchronous read each");
+        }
+    });
+}
+
+enum Reader {
+    Untried,
+    Ready(Box<RingReader>),
+    Unavailable,
+}
+
+thread_local! {
+    static READER: RefCell<Reader> = const { RefCell::new(Reader::Untried) };
+}
+
+struct RingReader {
+    ring: IoUring,
+    staging: AlignedBuf,
+}
+
+/// Reads every entry of `reads` from `fd`, each result into its `result`; `fallback` reads one
+/// entry synchronously where the ring cannot (unavailable, too big, a short read).
+pub(crate) fn read_batch(
+    fd: RawFd,
+    reads: &mut [DeviceRead<'_>],
+    fallback: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+) {
+    read_env();
+    let ring_result = READER.with(|cell| {
+        let Ok(mut reader) = cell.try_borrow_mut() else {
+            return Err(());
+        };
+        if DISABLED.load(Ordering::SeqCst) {
+            return Err(());
+        }
+        if matches!(*reader, Reader::Untried) {
+            *reader = open_reader();
+        }
+        let Reader::Ready(ring) = &mut *reader else {
+            return Err(());
+        };
+        if let Err(error) = ring.read_all(fd, reads, fallback) {
+            tracing::error!(%error, "io_uring failed; cache hits use synchronous reads on this thread from now on");
+            if let Reader::Ready(broken) = std::mem::replace(&mut *reader, Reader::Unavailable) {
+                // The kernel may still hold its staging buffer: never free it.
+                std::mem::forget(broken);
+            }
+        }
+        Ok(())
+    });
+    if ring_result.is_err() {
+        for read in reads.iter_mut() {
+            read.result = fallback(read.buf, read.offset);
+        }
+    }
+}
+
+fn open_reader() -> Reader {
+    match IoUring::new(RING_ENTRIES) {
+        Ok(ring) => match AlignedBuf::try_zeroed(STAGING_BYTES) {
+            Some(staging) => Reader::Ready(Box::new(RingReader { ring, staging })),
+            None => Reader::Unavailable,
+        },
+        Err(error) => {
+            WARNED.call_once(|| {
+                tracing::warn!(%error, "io_uring is unavailable; cache hits use one synchronous read each");
+            });
+            Reader::Unavailable
+        }
+    }
+}
+
+/// Where one read of a round lands in the staging buffer.
+struct Staged {
+    index: usize,
+    at: usize,
+}
+
+impl RingReader {
+    /// Reads everything in rounds; an `Err` means the ring is broken (every read has its
+    /// result all the same, from the fallback where the ring did not give one).
+    fn read_all(
+        &mut self,
+        fd: RawFd,
+        reads: &mut [DeviceRead<'_>],
+        fallback: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut next = 0;
+        let mut round = Vec::with_capacity(RING_ENTRIES as usize);
+        while next < reads.len() {
+            round.clear();
+            let mut used = 0;
+            while next < reads.len() && round.len() < RING_ENTRIES as usize {
+                let len = reads[next].buf.len();
+                if len > STAGING_BYTES || len > u32::MAX as usize {
+                    let read = &mut reads[next];
+                    read.result = fallback(read.buf, read.offset);
+                    next += 1;
+                    continue;
+                }
+                if used + len > STAGING_BYTES {
+                    break;
+                }
+                round.push(Staged {
+                    index: next,
+                    at: used,
+                });
+                used += len.div_ceil(ALIGN) * ALIGN;
+                next += 1;
+            }
+            if let Err(error) = self.run_round(fd, &round, reads, fallback) {
+                // Reads of this round without a result, and every later one, go through the
+                // fallback: into the caller's buffers, which the kernel never had.
+                let first = round.first().map_or(next, |staged| staged.index);
+                for read in reads[first..].iter_mut().filter(|r| r.result.is_err()) {
+                    read.result = fallback(read.buf, read.offset);
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits one round with one system call, waits for all of it and copies the data out.
+    fn run_round(
+        &mut self,
+        fd: RawFd,
+        round: &[Staged],
+        reads: &mut [DeviceRead<'_>],
+        fallback: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let base = self.staging.as_mut_ptr();
+        for (slot, staged) in round.iter().enumerate() {
+            let read = &reads[staged.index];
+            // SAFETY: `at + len` lies inside the staging buffer (checked when the round was
+            // planned), which outlives the read: this function waits for every completion,
+            // and on a failure that could leave one pending the buffer is leaked.
+            let target = unsafe { base.add(staged.at) };
+            let entry = opcode::Read::new(types::Fd(fd), target, read.buf.len() as u32)
+                .offset(read.offset)
+                .build()
+                .user_data(slot as u64);
+            // SAFETY: the entry points into memory that stays valid until its completion (above).
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_err() {
+                // Cannot happen: a round has at most RING_ENTRIES entries and the queue is
+                // empty between rounds. Anything pushed so far is still submitted and awaited.
+                return self.finish_round(round, slot, reads, fallback);
+            }
+        }
+        self.finish_round(round, round.len(), reads, fallback)
+    }
+
+    /// Submits the `pushed` first entries of `round`, waits for their completions and
+    /// copies; the rest (if any) go through the fallback.
+    fn finish_round(
+        &mut self,
+        round: &[Staged],
+        pushed: usize,
+        reads: &mut [DeviceRead<'_>],
+        fallback: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut done = 0;
+        while done < pushed {
+            match self.ring.submit_and_wait(pushed - done) {
+                Ok(_) => {}
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(error) => return Err(error),
+            }
+            for completion in self.ring.completion() {
+                let Some(staged) = round.get(completion.user_data() as usize) else {
+                    continue;
+                };
+                done += 1;
+                let read = &mut reads[staged.index];
+                let len = read.buf.len();
+                read.result = match usize::try_from(completion.result()) {
+                    Ok(n) if n == len => {
+                        read.buf
+                            .copy_from_slice(&self.staging[staged.at..staged.at + len]);
+                        RING_READS.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    // A short read (the end of a file): the fallback says what it is.
+                    Ok(_) => fallback(read.buf, read.offset),
+                    Err(_) => Err(io::Error::from_raw_os_error(-completion.result())),
+                };
+            }
+        }
+        for staged in &round[pushed..] {
+            let read = &mut reads[staged.index];
+            read.result = fallback(read.buf, read.offset);
+        }
+        Ok(())
+    }
+}
