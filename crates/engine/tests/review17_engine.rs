@@ -197,15 +197,25 @@ fn r17_3_reopen_rebuilds_the_dirty_count_and_the_free_list() {
                 Select::All,
             )
             .expect("batch");
-        cache.volumes()[0].trim(30 * LINE, 30 * LINE, false).expect("trim");
+        cache.volumes()[0]
+            .trim(30 * LINE, 30 * LINE, false)
+            .expect("trim");
         model[(30 * LINE) as usize..(60 * LINE) as usize].fill(0);
         cache.shutdown().expect("clean stop");
     }
     let (cache, _) = open_dyn(cache_dev, backing.clone());
     cache.set_dirty_limit(1.0);
     let stats = cache.volumes()[0].stats();
-    assert_eq!(cache.dirty_lines(), stats.dirty_lines, "dirty count after open");
-    assert_eq!(cache.dirty_lines(), 20, "40 written, 10 cleaned, 10 trimmed");
+    assert_eq!(
+        cache.dirty_lines(),
+        stats.dirty_lines,
+        "dirty count after open"
+    );
+    assert_eq!(
+        cache.dirty_lines(),
+        20,
+        "40 written, 10 cleaned, 10 trimmed"
+    );
     for line in 400..800u64 {
         let buf = data(line + 1000, SECTOR as usize);
         cache.volumes()[0]
@@ -219,4 +229,49 @@ fn r17_3_reopen_rebuilds_the_dirty_count_and_the_free_list() {
         .drain(&CleanerConfig::default(), &mut |_| true)
         .expect("drain");
     assert_eq!(first_difference(&backing_bytes(&backing), &model), None);
+}
+
+/// MEASUREMENT r17_4 (not a check; run with `cargo test --release -p ssdcache-engine --test
+/// review17_engine r17_4 -- --ignored --nocapture`): what a `Select::DirtySince` batch costs
+/// when no dirty line is old enough, as the cleaner thread runs one every ~20 ms while the
+/// oldest dirty line is one it cannot write back (all its dirty sectors damaged, so
+/// `DamagedLines::Skip` passes it over, yet `oldest_dirty_since` keeps `aged` true): each
+/// such plan finds its sweep done, takes a fresh snapshot of every dirty line, sorts it and
+/// builds a `DirtyLine` for each entry under the map's read lock (65,536 per hold), then
+/// returns nothing. Prints the cost per dirty line, to scale to a large cache.
+#[test]
+#[ignore]
+fn r17_4_cost_of_a_dirty_since_batch_that_finds_nothing() {
+    let backing = Arc::new(MemDevice::new("backing", 4 * BACKING));
+    let cache_dev = Arc::new(MemDevice::new("cache", 4 * CACHE));
+    format_dev(&*cache_dev, LINE, CacheMode::WriteBack, 4 * BACKING, 0);
+    let (cache, _) = open_dyn(cache_dev, backing);
+    cache.set_dirty_limit(1.0);
+    // Dirtied at second 1 or later of the cache's clock: none is dirty since second 0.
+    std::thread::sleep(Duration::from_millis(1100));
+    let lines = cache.layout().line_count - 16;
+    for line in 0..u64::from(lines) {
+        // Scattered over the backing device, in no address order.
+        let at = (line * 2_654_435_761) % (4 * BACKING / LINE);
+        cache.volumes()[0]
+            .write(at * LINE, &data(line, SECTOR as usize), false)
+            .expect("write");
+    }
+    let dirty = cache.dirty_lines();
+    let cfg = CleanerConfig::default();
+    let rounds = 50;
+    let began = Instant::now();
+    for _ in 0..rounds {
+        let r = cache
+            .clean_batch(&cfg, 4, Select::DirtySince(0))
+            .expect("batch");
+        assert_eq!(r.lines_cleaned, 0);
+    }
+    let per_batch = began.elapsed() / rounds;
+    let per_line = per_batch.as_nanos() as f64 / dirty as f64;
+    println!(
+        "{dirty} dirty lines, none wanted: {per_batch:?} per batch, {per_line:.0} ns per dirty \
+         line; at 1,042,784 dirty lines: {:.0} ms per batch",
+        per_line * 1_042_784.0 / 1e6
+    );
 }
