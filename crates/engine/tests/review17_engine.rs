@@ -250,7 +250,7 @@ fn r17_4_cost_of_a_dirty_since_batch_that_finds_nothing() {
     // Dirtied at second 1 or later of the cache's clock: none is dirty since second 0.
     std::thread::sleep(Duration::from_millis(1100));
     let lines = cache.layout().line_count - 16;
-    for line in 0..u64::from(lines) {
+    for line in 0..lines {
         // Scattered over the backing device, in no address order.
         let at = (line * 2_654_435_761) % (4 * BACKING / LINE);
         cache.volumes()[0]
@@ -286,7 +286,7 @@ fn r17_5_journal_replay_rebuilds_the_dirty_count_and_the_free_list() {
     let cache_dev = Arc::new(MemDevice::new("cache", CACHE));
     format_dev(&*cache_dev, LINE, CacheMode::WriteBack, BACKING, 0);
     let mut model = vec![0u8; BACKING as usize];
-    let mut put = |cache: &Cache, model: &mut [u8], line: u64, tag: u64| {
+    let put = |cache: &Cache, model: &mut [u8], line: u64, tag: u64| {
         let buf = data(tag, SECTOR as usize);
         cache.volumes()[0]
             .write(line * LINE, &buf, false)
