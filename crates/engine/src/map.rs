@@ -913,9 +913,16 @@ impl MapState {
     }
 
     /// The time the oldest dirty line became dirty (scans every dirty line).
+    /// When the oldest dirty line the cleaner can write back became dirty. Lines whose dirty
+    /// sectors are all damaged are left out: they are never written back, and counting them
+    /// kept age-based write-back asking for sweeps that found nothing (review 17: a full
+    /// snapshot every 20 ms for as long as such a line was older than the maximum age).
     pub fn oldest_dirty_since(&self) -> Option<u32> {
         self.slots
             .coldest_dirty()
+            .filter(|&s| {
+                self.damaged.is_empty() || self.dirty_line(s, DamagedLines::Skip).is_some()
+            })
             .map(|s| self.dirty_since[s as usize])
             .min()
     }
