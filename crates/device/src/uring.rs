@@ -116,12 +116,26 @@ pub(crate) fn read_batch(
         let Reader::Ready(ring) = &mut *reader else {
             return Err(());
         };
-        if let Err(error) = ring.read_all(fd, reads, fallback) {
-            tracing::error!(%error, "io_uring failed; cache hits use synchronous reads on this thread from now on");
-            if let Reader::Ready(broken) = std::mem::replace(&mut *reader, Reader::Unavailable) {
-                // The kernel may still hold its staging buffer: never free it.
-                std::mem::forget(broken);
-            }
+        // A panic with reads in flight must not free the staging buffer on its way out (the
+        // thread's storage is dropped when the thread ends): the ring is leaked as after an
+        // error, then the panic goes on (review 18).
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ring.read_all(fd, reads, fallback)
+        }));
+        if matches!(outcome, Ok(Ok(()))) {
+            return Ok(());
+        }
+        if let Reader::Ready(broken) = std::mem::replace(&mut *reader, Reader::Unavailable) {
+            // The kernel may still hold its staging buffer: never free it.
+            std::mem::forget(broken);
+        }
+        match outcome {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(Err(error)) => tracing::error!(
+                %error,
+                "io_uring failed; cache hits use synchronous reads on this thread from now on"
+            ),
+            Ok(Ok(())) => {}
         }
         Ok(())
     });
