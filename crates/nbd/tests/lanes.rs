@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ssdcache_nbd::{
-    transmission_flags, Command, ConnectionError, Errno, Export, Lane, Server, ServerConfig,
-    ServerExport, SLOW_LANE_QUEUE,
+    Command, ConnectionError, Errno, Export, Lane, Server, ServerConfig, SLOW_LANE_QUEUE,
 };
 
 const SIZE: u64 = 64 << 20;
@@ -122,24 +121,17 @@ struct Connected {
 /// negotiated client whose reads give up after [`LIMIT`].
 fn connect(slow: usize) -> Connected {
     let backend = LaneExport::new();
-    let export = ServerExport {
-        info: export_info("disk", SIZE, transmission_flags(false)),
-        backend: Arc::clone(&backend) as Arc<dyn Export>,
-    };
     let config = ServerConfig {
         threads_per_connection: slow,
         fast_threads_per_connection: 1,
         ..ServerConfig::default()
     };
-    let server = Server::new(vec![export], config).unwrap();
-    let (client, server_end) = UnixStream::pair().unwrap();
-    client.set_read_timeout(Some(LIMIT)).unwrap();
-    let serving = server.clone();
-    let handle = thread::spawn(move || serving.serve_stream(server_end));
+    let (server, client, handle) =
+        serve_disk(Arc::clone(&backend) as Arc<dyn Export>, SIZE, config, LIMIT);
     Connected {
         server,
         backend,
-        client: Client::go(client, "disk"),
+        client,
         handle,
     }
 }

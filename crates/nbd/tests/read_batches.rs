@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use ssdcache_nbd::{
-    transmission_flags, BatchedRead, Command, Errno, Export, Lane, Server, ServerConfig,
-    ServerExport, MAX_READ_BATCH,
+    BatchedRead, Command, Errno, Export, Lane, Server, ServerConfig, MAX_READ_BATCH,
 };
 
 const SIZE: u64 = 16 << 20;
@@ -113,24 +112,17 @@ impl Export for BatchExport {
     }
 }
 
-type Handle = thread::JoinHandle<Result<(), ssdcache_nbd::ConnectionError>>;
-
 /// A server with one fast worker per connection over `backend`, and a negotiated client.
-fn connect(backend: &Arc<BatchExport>) -> (Server, Client<UnixStream>, Handle) {
-    let export = ServerExport {
-        info: export_info("disk", SIZE, transmission_flags(false)),
-        backend: Arc::clone(backend) as Arc<dyn Export>,
-    };
-    let config = ServerConfig {
-        fast_threads_per_connection: 1,
-        ..ServerConfig::default()
-    };
-    let server = Server::new(vec![export], config).unwrap();
-    let (client, server_end) = UnixStream::pair().unwrap();
-    client.set_read_timeout(Some(LIMIT)).unwrap();
-    let serving = server.clone();
-    let handle = thread::spawn(move || serving.serve_stream(server_end));
-    (server, Client::go(client, "disk"), handle)
+fn connect(backend: &Arc<BatchExport>) -> (Server, Client<UnixStream>, Serving) {
+    serve_disk(
+        Arc::clone(backend) as Arc<dyn Export>,
+        SIZE,
+        ServerConfig {
+            fast_threads_per_connection: 1,
+            ..ServerConfig::default()
+        },
+        LIMIT,
+    )
 }
 
 /// Waits (bounded) until the first batch is at the gate.

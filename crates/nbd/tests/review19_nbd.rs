@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ssdcache_nbd::{
-    transmission_flags, BatchedRead, Command, Errno, Export, Lane, Server, ServerConfig,
-    ServerExport, MAX_READ_BATCH,
+    BatchedRead, Command, Errno, Export, Lane, Server, ServerConfig, MAX_READ_BATCH,
 };
 
 const SIZE: u64 = 16 << 20;
@@ -110,23 +109,16 @@ impl Export for GatedExport {
     }
 }
 
-type Handle = thread::JoinHandle<Result<(), ssdcache_nbd::ConnectionError>>;
-
-fn connect(backend: &Arc<GatedExport>) -> (Server, Client<UnixStream>, Handle) {
-    let export = ServerExport {
-        info: export_info("disk", SIZE, transmission_flags(false)),
-        backend: Arc::clone(backend) as Arc<dyn Export>,
-    };
-    let config = ServerConfig {
-        fast_threads_per_connection: 1,
-        ..ServerConfig::default()
-    };
-    let server = Server::new(vec![export], config).unwrap();
-    let (client, server_end) = UnixStream::pair().unwrap();
-    client.set_read_timeout(Some(LIMIT)).unwrap();
-    let serving = server.clone();
-    let handle = thread::spawn(move || serving.serve_stream(server_end));
-    (server, Client::go(client, "disk"), handle)
+fn connect(backend: &Arc<GatedExport>) -> (Server, Client<UnixStream>, Serving) {
+    serve_disk(
+        Arc::clone(backend) as Arc<dyn Export>,
+        SIZE,
+        ServerConfig {
+            fast_threads_per_connection: 1,
+            ..ServerConfig::default()
+        },
+        LIMIT,
+    )
 }
 
 fn wait_for_first_batch(backend: &GatedExport) {
@@ -138,7 +130,7 @@ fn wait_for_first_batch(backend: &GatedExport) {
 }
 
 /// Joins `handle` within `limit`, or fails (a hang).
-fn join_within(handle: Handle, limit: Duration) -> Result<(), ssdcache_nbd::ConnectionError> {
+fn join_within(handle: Serving, limit: Duration) -> Result<(), ssdcache_nbd::ConnectionError> {
     let deadline = Instant::now() + limit;
     while !handle.is_finished() {
         assert!(

@@ -387,3 +387,30 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
         .collect()
 }
+
+/// The thread serving one test connection.
+pub type Serving = std::thread::JoinHandle<Result<(), ssdcache_nbd::ConnectionError>>;
+
+/// Serves `backend` as the export "disk" of `size` bytes with `config` over a socket pair:
+/// the server, a negotiated client whose reads give up after `limit`, and the serving thread.
+pub fn serve_disk(
+    backend: Arc<dyn Export>,
+    size: u64,
+    config: ssdcache_nbd::ServerConfig,
+    limit: Duration,
+) -> (
+    ssdcache_nbd::Server,
+    Client<std::os::unix::net::UnixStream>,
+    Serving,
+) {
+    let export = ServerExport {
+        info: export_info("disk", size, ssdcache_nbd::transmission_flags(false)),
+        backend,
+    };
+    let server = ssdcache_nbd::Server::new(vec![export], config).unwrap();
+    let (client, server_end) = std::os::unix::net::UnixStream::pair().unwrap();
+    client.set_read_timeout(Some(limit)).unwrap();
+    let serving = server.clone();
+    let handle = std::thread::spawn(move || serving.serve_stream(server_end));
+    (server, Client::go(client, "disk"), handle)
+}
