@@ -987,8 +987,7 @@ impl Volume {
         let _mode_fixed = self.mode_gate.read().unwrap_or_else(|p| p.into_inner());
         let held = if self.mode() == CacheMode::WriteBack {
             // Into the cache, most of them: no wait for the disk.
-            let (first, last) = self.line_range(offset, length);
-            self.core.locks.lock_range(self.id, first, last)
+            self.lock_lines(offset, length)
         } else {
             self.lock_when_disk_idle(offset, length)
         };
@@ -1083,45 +1082,54 @@ impl Volume {
         self.invalidate(offset, data.len() as u64)
     }
 
-    /// Takes the lines of a request that writes `[offset, offset + length)` to the disk at a
-    /// moment when no disk write of that range is in flight: it must land after such a write,
-    /// and waiting for it before taking the lines, not holding them, keeps hits on the lines'
-    /// other sectors from waiting behind it (review 16). Every disk write begins with its
-    /// lines held, so none can begin while they are held. After `LOCK_RETRIES` tries it takes
-    /// them anyway and waits holding them: correct, only slower for those hits.
-    fn lock_when_disk_idle(&self, offset: u64, length: u64) -> RangeGuard<'_> {
+    /// The lines of `[offset, offset + length)`, taken in order.
+    fn lock_lines(&self, offset: u64, length: u64) -> RangeGuard<'_> {
         let (first, last) = self.line_range(offset, length);
-        for _ in 0..LOCK_RETRIES {
-            let held = self.core.locks.lock_range(self.id, first, last);
-            if !self.backing().write_in_flight(offset, length) {
-                return held;
-            }
-            drop(held);
-            self.backing().wait_for_writes(offset, length);
-        }
         self.core.locks.lock_range(self.id, first, last)
     }
 
+    /// Takes the lines of `[offset, offset + length)` at a moment when no disk write
+    /// overlapping `(watch_offset, watch_len)` is in flight, unless `no_disk_needed` says the
+    /// request will not touch the disk: a request that must wait for such a write waits before
+    /// taking its lines, not holding them, so hits on the lines' other sectors never wait
+    /// behind it (review 16). Every disk write begins with its lines held, so none can begin
+    /// while they are held. After `LOCK_RETRIES` tries it takes them anyway and waits holding
+    /// them: correct, only slower for those hits.
+    fn lock_lines_disk_idle(
+        &self,
+        (offset, length): (u64, u64),
+        (watch_offset, watch_len): (u64, u64),
+        no_disk_needed: impl Fn() -> bool,
+    ) -> RangeGuard<'_> {
+        for _ in 0..LOCK_RETRIES {
+            let held = self.lock_lines(offset, length);
+            if no_disk_needed() || !self.backing().write_in_flight(watch_offset, watch_len) {
+                return held;
+            }
+            drop(held);
+            self.backing().wait_for_writes(watch_offset, watch_len);
+        }
+        self.lock_lines(offset, length)
+    }
+
+    /// Takes the lines of a request that writes `[offset, offset + length)` to the disk: it
+    /// must land after any write of that range in flight.
+    fn lock_when_disk_idle(&self, offset: u64, length: u64) -> RangeGuard<'_> {
+        self.lock_lines_disk_idle((offset, length), (offset, length), || false)
+    }
+
     /// Takes a read's lines. A read that will need the disk (not all cached) waits for disk
-    /// writes in flight on its lines' span before taking them, not holding them: a miss reads
-    /// whole lines, and waits for every write of them in flight (`read_backing`). A read
-    /// served from the cache never waits for the disk.
+    /// writes in flight on its lines' span first: a miss reads whole lines, and waits for
+    /// every write of them in flight (`read_backing`). A read served from the cache never
+    /// waits for the disk.
     fn lock_for_read(&self, offset: u64, length: u64) -> RangeGuard<'_> {
         let (first, last) = self.line_range(offset, length);
         let ls = self.core.layout.line_size;
         let span_start = first * ls;
         let span_len = ((last + 1) * ls).min(self.size) - span_start;
-        for _ in 0..LOCK_RETRIES {
-            let held = self.core.locks.lock_range(self.id, first, last);
-            if self.all_cached(offset, length)
-                || !self.backing().write_in_flight(span_start, span_len)
-            {
-                return held;
-            }
-            drop(held);
-            self.backing().wait_for_writes(span_start, span_len);
-        }
-        self.core.locks.lock_range(self.id, first, last)
+        self.lock_lines_disk_idle((offset, length), (span_start, span_len), || {
+            self.all_cached(offset, length)
+        })
     }
 
     /// Whether any line of the range holds dirty sectors, or sectors the durable journal may
@@ -1154,8 +1162,7 @@ impl Volume {
         let written = self.write_backing_begun(data, offset, fua, in_flight);
         if written.is_err() {
             // A read meanwhile may have cached what the failed write left: drop it.
-            let (first, last) = self.line_range(offset, length);
-            let _held = self.core.locks.lock_range(self.id, first, last);
+            let _held = self.lock_lines(offset, length);
             self.invalidate_clean(offset, length)?;
         }
         written
@@ -1178,8 +1185,7 @@ impl Volume {
         self.invalidate(offset, length)?;
         drop(held);
         let written = self.write_backing_begun(data, offset, fua, in_flight);
-        let (first, last) = self.line_range(offset, length);
-        let _held = self.core.locks.lock_range(self.id, first, last);
+        let _held = self.lock_lines(offset, length);
         let may_fill = fill.finish();
         if let Err(e) = written {
             // The backing contents of the range are unknown: a read meanwhile may have cached
@@ -1414,8 +1420,7 @@ impl Volume {
         let mut pos = offset;
         while pos < end {
             let n = (end - pos).min(line_size - pos % line_size);
-            let (first, last) = self.line_range(pos, n);
-            let _held = self.core.locks.lock_range(self.id, first, last);
+            let _held = self.lock_lines(pos, n);
             // The client asked for this data to be cached: admission does not apply.
             self.read_locked(pos, &mut buf[..n as usize], Fill::Everything)?;
             pos += n;
