@@ -6,15 +6,13 @@
 
 mod common;
 
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use common::{counter, data, format_dev, open_dyn, MIB};
+use common::{counter, data, gated_cache, on_disk, read_in_thread, MIB};
 use ssdcache_device::BlockDevice;
-use ssdcache_devsim::{GateDevice, MemDevice};
-use ssdcache_engine::{Cache, Volume};
+use ssdcache_engine::Volume;
 use ssdcache_format::CacheMode;
 
 const SECTOR: usize = 4096;
@@ -24,42 +22,16 @@ const BACKING: u64 = 16 * MIB;
 /// disk write never returns before the test releases it.
 const HIT_LIMIT: Duration = Duration::from_secs(3);
 
-fn gated_cache(mode: CacheMode) -> (Arc<MemDevice>, Arc<GateDevice>, Arc<Cache>) {
-    let mem = Arc::new(MemDevice::new("backing", BACKING));
-    let gate = Arc::new(GateDevice::new(mem.clone()));
-    let cache_dev = Arc::new(MemDevice::new("cache", 16 * MIB));
-    format_dev(&*cache_dev, LINE, mode, BACKING, 0);
-    let (cache, _) = open_dyn(cache_dev, gate.clone());
-    (mem, gate, Arc::new(cache))
-}
-
-fn read_in_thread(vol: &Arc<Volume>, offset: u64) -> mpsc::Receiver<Vec<u8>> {
-    let (tx, rx) = mpsc::channel();
-    let vol = vol.clone();
-    thread::spawn(move || {
-        let mut buf = vec![0u8; SECTOR];
-        vol.read(offset, &mut buf).expect("read");
-        let _ = tx.send(buf);
-    });
-    rx
-}
-
 fn write_in_thread(vol: &Arc<Volume>, offset: u64, payload: Vec<u8>) -> thread::JoinHandle<()> {
     let vol = vol.clone();
     thread::spawn(move || vol.write(offset, &payload, false).expect("write"))
-}
-
-fn backing_sector(mem: &MemDevice, offset: u64) -> Vec<u8> {
-    let mut buf = vec![0u8; SECTOR];
-    mem.read_at(&mut buf, offset).expect("backing read");
-    buf
 }
 
 /// A line cached whole, then a write of its first sector held at the disk: a hit on its second
 /// sector returns at once, a read of the first returns the new data once the write landed, and
 /// afterwards the cache serves the new data as a hit.
 fn hit_beside_a_held_disk_write(mode: CacheMode) {
-    let (mem, gate, cache) = gated_cache(mode);
+    let (mem, gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let old = data(1, LINE as usize);
     mem.write_at(&old, 0).expect("seed backing");
@@ -74,9 +46,9 @@ fn hit_beside_a_held_disk_write(mode: CacheMode) {
         "the write reached the disk"
     );
     let hits_before = counter(&vol, "read_hits");
-    let hit = read_in_thread(&vol, SECTOR as u64).recv_timeout(HIT_LIMIT);
+    let hit = read_in_thread(&vol, SECTOR as u64, SECTOR).recv_timeout(HIT_LIMIT);
     let hits_after = counter(&vol, "read_hits");
-    let same_sector = read_in_thread(&vol, 0);
+    let same_sector = read_in_thread(&vol, 0, SECTOR);
     let early = same_sector.recv_timeout(Duration::from_millis(200));
     gate.release();
     writer.join().expect("writer thread");
@@ -99,7 +71,7 @@ fn hit_beside_a_held_disk_write(mode: CacheMode) {
         same, new,
         "the read after the write landed returns its data"
     );
-    assert_eq!(backing_sector(&mem, 0), new, "the disk has the write");
+    assert_eq!(on_disk(&mem, 0, SECTOR), new, "the disk has the write");
     let mut after = vec![0u8; SECTOR];
     vol.read(0, &mut after).expect("read after");
     assert_eq!(after, new, "the cache serves the new data");
@@ -121,7 +93,7 @@ fn write_around_a_hit_on_the_same_line_does_not_wait_for_the_disk_write() {
 /// second began meanwhile.
 #[test]
 fn write_through_overlapping_writes_leave_the_cache_equal_to_the_disk() {
-    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let mut line = vec![0u8; LINE as usize];
     vol.read(0, &mut line).expect("fill the line");
@@ -139,7 +111,7 @@ fn write_through_overlapping_writes_leave_the_cache_equal_to_the_disk() {
     second_writer.join().expect("second writer");
 
     assert_eq!(
-        backing_sector(&mem, 0),
+        on_disk(&mem, 0, SECTOR),
         second,
         "the disk has the later write"
     );
@@ -153,7 +125,7 @@ fn write_through_overlapping_writes_leave_the_cache_equal_to_the_disk() {
 /// must not put its data in the cache afterwards.
 #[test]
 fn write_through_a_trim_during_the_disk_write_wins() {
-    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let mut line = vec![0u8; LINE as usize];
     vol.read(0, &mut line).expect("fill the line");
@@ -169,7 +141,7 @@ fn write_through_a_trim_during_the_disk_write_wins() {
     writer.join().expect("writer");
     trimmer.join().expect("trimmer");
     assert_eq!(
-        backing_sector(&mem, 0),
+        on_disk(&mem, 0, SECTOR),
         vec![0u8; SECTOR],
         "zeroes landed last"
     );
@@ -185,7 +157,7 @@ fn write_through_a_trim_during_the_disk_write_wins() {
 #[test]
 fn write_through_racing_writes_and_reads_leave_the_cache_equal_to_the_disk() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
-        let (mem, _gate, cache) = gated_cache(mode);
+        let (mem, _gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
         let vol = cache.volumes()[0].clone();
         let span = 4 * LINE;
         mem.write_at(&vec![0u8; span as usize], 0).expect("seed");
@@ -260,7 +232,7 @@ fn write_through_racing_writes_and_reads_leave_the_cache_equal_to_the_disk() {
 fn requests_waiting_for_a_disk_write_do_not_hold_the_line_meanwhile() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
         for second_is_write in [false, true] {
-            let (mem, gate, cache) = gated_cache(mode);
+            let (mem, gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
             let vol = cache.volumes()[0].clone();
             let old = data(6, LINE as usize);
             mem.write_at(&old, 0).expect("seed backing");
@@ -273,11 +245,11 @@ fn requests_waiting_for_a_disk_write_do_not_hold_the_line_meanwhile() {
                 let w = write_in_thread(&vol, 0, data(8, SECTOR));
                 Box::new(move || w.join().expect("second writer")) as Box<dyn FnOnce()>
             } else {
-                let r = read_in_thread(&vol, 0);
+                let r = read_in_thread(&vol, 0, SECTOR);
                 Box::new(move || drop(r.recv_timeout(Duration::from_secs(10)).expect("read")))
             };
             thread::sleep(Duration::from_millis(100));
-            let hit = read_in_thread(&vol, 2 * SECTOR as u64).recv_timeout(HIT_LIMIT);
+            let hit = read_in_thread(&vol, 2 * SECTOR as u64, SECTOR).recv_timeout(HIT_LIMIT);
             gate.release();
             writer.join().expect("writer");
             waiter();
@@ -289,7 +261,7 @@ fn requests_waiting_for_a_disk_write_do_not_hold_the_line_meanwhile() {
             vol.read(0, &mut got).expect("read");
             assert_eq!(
                 got,
-                backing_sector(&mem, 0),
+                on_disk(&mem, 0, SECTOR),
                 "the cache agrees with the disk"
             );
         }

@@ -6,15 +6,14 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{counter, data, format_dev, open_dyn, MIB};
+use common::{counter, data, format_dev, gated_cache, on_disk, open_dyn, read_in_thread, MIB};
 use ssdcache_device::BlockDevice;
 use ssdcache_devsim::{GateDevice, MemDevice};
-use ssdcache_engine::{Cache, CleanerConfig, Volume};
+use ssdcache_engine::{CleanerConfig, Volume};
 use ssdcache_format::CacheMode;
 
 const SECTOR: usize = 4096;
@@ -27,26 +26,6 @@ const HIT_LIMIT: Duration = Duration::from_secs(3);
 const SETTLE: Duration = Duration::from_millis(150);
 const HELD_LIMIT: Duration = Duration::from_secs(10);
 
-fn gated_cache(mode: CacheMode, cache_size: u64) -> (Arc<MemDevice>, Arc<GateDevice>, Arc<Cache>) {
-    let mem = Arc::new(MemDevice::new("backing", BACKING));
-    let gate = Arc::new(GateDevice::new(mem.clone()));
-    let cache_dev = Arc::new(MemDevice::new("cache", cache_size));
-    format_dev(&*cache_dev, LINE, mode, BACKING, 0);
-    let (cache, _) = open_dyn(cache_dev, gate.clone());
-    (mem, gate, Arc::new(cache))
-}
-
-fn read_in_thread(vol: &Arc<Volume>, offset: u64, len: usize) -> mpsc::Receiver<Vec<u8>> {
-    let (tx, rx) = mpsc::channel();
-    let vol = vol.clone();
-    thread::spawn(move || {
-        let mut buf = vec![0u8; len];
-        vol.read(offset, &mut buf).expect("read");
-        let _ = tx.send(buf);
-    });
-    rx
-}
-
 fn write_in_thread(
     vol: &Arc<Volume>,
     offset: u64,
@@ -54,12 +33,6 @@ fn write_in_thread(
 ) -> thread::JoinHandle<ssdcache_engine::Result<()>> {
     let vol = vol.clone();
     thread::spawn(move || vol.write(offset, &payload, false))
-}
-
-fn on_disk(mem: &MemDevice, offset: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    mem.read_at(&mut buf, offset).expect("backing read");
-    buf
 }
 
 fn via_cache(vol: &Volume, offset: u64, len: usize) -> Vec<u8> {
@@ -115,7 +88,7 @@ fn hold_a_write_of_sector_zero(
 /// another sector of the line that arrives after it waits for the disk too.
 #[test]
 fn r16_1_a_hit_does_not_wait_behind_a_read_of_the_sector_being_written() {
-    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let (old, _new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, true);
     let same_sector = read_in_thread(&vol, 0, SECTOR);
@@ -138,7 +111,7 @@ fn r16_1_a_hit_does_not_wait_behind_a_read_of_the_sector_being_written() {
 /// line, and a hit on the cached sector 1 waits behind it.
 #[test]
 fn r16_1b_a_hit_does_not_wait_behind_a_miss_on_another_sector_of_the_line() {
-    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     mem.write_at(&data(1, LINE as usize), 0)
         .expect("seed backing");
@@ -173,7 +146,7 @@ fn r16_1b_a_hit_does_not_wait_behind_a_miss_on_another_sector_of_the_line() {
 /// wait for the disk again.
 #[test]
 fn r16_2_a_hit_does_not_wait_behind_an_overlapping_write() {
-    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let (old, _new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, true);
     let second = write_in_thread(&vol, 0, data(3, SECTOR));
@@ -197,7 +170,7 @@ fn r16_2_a_hit_does_not_wait_behind_an_overlapping_write() {
 fn r16_3_eviction_of_the_line_during_the_disk_write() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
         // 16 MiB of cache holds fewer lines than the 256 of the disk (its metadata).
-        let (mem, gate, cache) = gated_cache(mode, 16 * MIB);
+        let (mem, gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
         let vol = cache.volumes()[0].clone();
         let (_old, new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, true);
         for line in 1..BACKING / LINE {
@@ -219,7 +192,7 @@ fn r16_3_eviction_of_the_line_during_the_disk_write() {
 #[test]
 fn r16_4_prefetch_during_the_disk_write_caches_the_new_data() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
-        let (mem, gate, cache) = gated_cache(mode, 16 * MIB);
+        let (mem, gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
         let vol = cache.volumes()[0].clone();
         let (_old, new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, false);
         let prefetcher = {
@@ -245,7 +218,7 @@ fn r16_4_prefetch_during_the_disk_write_caches_the_new_data() {
 /// at the disk: the TRIM lands last and the write's fill must not bring the data back.
 #[test]
 fn r16_5_trim_during_the_disk_write_wins() {
-    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let (_old, _new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, true);
     let trimmer = {
@@ -269,7 +242,7 @@ fn r16_5_trim_during_the_disk_write_wins() {
 #[test]
 fn r16_6_failed_disk_write_with_a_whole_line_fill_waiting() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
-        let (mem, gate, cache) = gated_cache(mode, 16 * MIB);
+        let (mem, gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
         let vol = cache.volumes()[0].clone();
         let (old, _new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, false);
         let reader = read_in_thread(&vol, SECTOR as u64, SECTOR);
@@ -290,7 +263,7 @@ fn r16_6_failed_disk_write_with_a_whole_line_fill_waiting() {
 /// of the range afterwards is what every read returns.
 #[test]
 fn r16_7_mode_change_during_the_disk_write() {
-    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, 16 * MIB);
+    let (mem, gate, cache) = gated_cache(CacheMode::WriteThrough, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let (old, new, writer) = hold_a_write_of_sector_zero(&vol, &mem, &gate, true);
     let changer = {
@@ -326,7 +299,7 @@ fn r16_7_mode_change_during_the_disk_write() {
 #[test]
 fn r16_8_racing_requests_with_eviction_leave_the_cache_equal_to_the_disk() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
-        let (mem, _gate, cache) = gated_cache(mode, 16 * MIB);
+        let (mem, _gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
         let vol = cache.volumes()[0].clone();
         let span = BACKING;
         let sectors = span / SECTOR as u64;

@@ -235,3 +235,43 @@ pub fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
+
+/// A cache of `cache_size` bytes of `line`-byte lines in `mode`, over a backing device of
+/// `backing_size` bytes behind a gate (`GateDevice`: holds one backing write in flight on
+/// demand); the backing memory, the gate and the cache.
+pub fn gated_cache(
+    mode: CacheMode,
+    line: u64,
+    backing_size: u64,
+    cache_size: u64,
+) -> (Arc<MemDevice>, Arc<ssdcache_devsim::GateDevice>, Arc<Cache>) {
+    let mem = Arc::new(MemDevice::new("backing", backing_size));
+    let gate = Arc::new(ssdcache_devsim::GateDevice::new(mem.clone()));
+    let cache_dev = Arc::new(MemDevice::new("cache", cache_size));
+    format_dev(&*cache_dev, line, mode, backing_size, 0);
+    let (cache, _) = open_dyn(cache_dev, gate.clone());
+    (mem, gate, Arc::new(cache))
+}
+
+/// Reads `len` bytes at `offset` on a thread of its own; the data arrives on the channel.
+pub fn read_in_thread(
+    vol: &Arc<ssdcache_engine::Volume>,
+    offset: u64,
+    len: usize,
+) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let vol = vol.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; len];
+        vol.read(offset, &mut buf).expect("read");
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+/// What a memory device holds at `offset`.
+pub fn on_disk(mem: &MemDevice, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    mem.read_at(&mut buf, offset).expect("backing read");
+    buf
+}
