@@ -38,6 +38,8 @@ static READ_ENV: Once = Once::new();
 static WARNED: Once = Once::new();
 /// Reads completed through a ring, for tests and diagnostics.
 static RING_READS: AtomicU64 = AtomicU64::new(0);
+/// Rings made since the process started, for tests and diagnostics.
+static RINGS_MADE: AtomicU64 = AtomicU64::new(0);
 
 /// Turns batched reads through io_uring on or off for the whole process (threads that have a
 /// ring stop using it too). Off, every read takes the fallback.
@@ -49,6 +51,22 @@ pub fn set_io_uring_enabled(enabled: bool) {
 /// Reads that completed through io_uring since the process started.
 pub fn io_uring_reads() -> u64 {
     RING_READS.load(Ordering::Relaxed)
+}
+
+/// Rings (each with its staging buffer) the process makes at most: four per CPU, at least 8
+/// and at most 64 (so at most 16 MiB of staging). A batch that finds every ring busy reads
+/// synchronously, as without io_uring.
+pub fn max_rings() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        (cpus * 4).clamp(8, 64)
+    })
+}
+
+/// Rings (each with its staging buffer) made since the process started.
+pub fn io_uring_rings_made() -> u64 {
+    RINGS_MADE.load(Ordering::Relaxed)
 }
 
 /// Whether batched reads go through io_uring in this process: it is not turned off and the
@@ -149,7 +167,10 @@ pub(crate) fn read_batch(
 fn open_reader() -> Reader {
     match IoUring::new(RING_ENTRIES) {
         Ok(ring) => match AlignedBuf::try_zeroed(STAGING_BYTES) {
-            Some(staging) => Reader::Ready(Box::new(RingReader { ring, staging })),
+            Some(staging) => {
+                RINGS_MADE.fetch_add(1, Ordering::Relaxed);
+                Reader::Ready(Box::new(RingReader { ring, staging }))
+            }
             None => Reader::Unavailable,
         },
         Err(error) => {
