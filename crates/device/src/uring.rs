@@ -2,9 +2,11 @@
 //! `io_uring_enter` instead of one `pread` (and one wait) each. The NBD server uses it for
 //! cache hits (docs/design.md §6.1): a batch of hits costs one system call and one wait.
 //!
-//! Each thread that batches gets its own ring and its own staging buffer, made on first use
-//! and freed when the thread ends (the NBD server's fast workers live as long as their
-//! connection). The kernel reads into the staging buffer, which this module owns, and the
+//! The process keeps a bounded set of rings, each with its own staging buffer ([`max_rings`]:
+//! the NBD server has up to 32 fast workers per connection, and a ring each would cost 256 KiB
+//! per worker). A batch takes an idle ring (or makes one while fewer than the bound were
+//! made), uses it and gives it back; a batch that finds every ring busy reads synchronously.
+//! The kernel reads into the staging buffer, which this module owns, and the
 //! data is copied to the caller's buffer after the completion: the caller's memory is never
 //! in the kernel's hands, so an error in the ring can never leave the kernel writing into a
 //! buffer that was given back (the ring and its buffer are then leaked, not freed), and the
@@ -14,21 +16,20 @@
 //! or [`set_io_uring_enabled`]) every read goes through the fallback (`pread`), and the log
 //! says so once.
 
-use std::cell::RefCell;
 use std::io;
 use std::os::unix::io::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, Once, PoisonError};
 
 use io_uring::{opcode, types, IoUring};
 
 use crate::{AlignedBuf, DeviceRead, ALIGN};
 
-/// Submission queue entries per ring, so reads in flight per thread at most; a longer batch
+/// Submission queue entries per ring, so reads in flight per batch at most; a longer batch
 /// goes in rounds of this many.
 pub const RING_ENTRIES: u32 = 64;
 
-/// Staging memory per batching thread: the bytes one round reads at most. A read bigger
+/// Staging memory per ring: the bytes one round reads at most. A read bigger
 /// than this goes through the fallback on its own.
 pub const STAGING_BYTES: usize = 256 * 1024;
 
@@ -41,8 +42,8 @@ static RING_READS: AtomicU64 = AtomicU64::new(0);
 /// Rings made since the process started, for tests and diagnostics.
 static RINGS_MADE: AtomicU64 = AtomicU64::new(0);
 
-/// Turns batched reads through io_uring on or off for the whole process (threads that have a
-/// ring stop using it too). Off, every read takes the fallback.
+/// Turns batched reads through io_uring on or off for the whole process (rings already made
+/// stop being used too). Off, every read takes the fallback.
 pub fn set_io_uring_enabled(enabled: bool) {
     read_env();
     DISABLED.store(!enabled, Ordering::SeqCst);
@@ -98,15 +99,13 @@ fn read_env() {
     });
 }
 
-enum Reader {
-    Untried,
-    Ready(Box<RingReader>),
-    Unavailable,
-}
-
-thread_local! {
-    static READER: RefCell<Reader> = const { RefCell::new(Reader::Untried) };
-}
+/// The process's rings that no batch is using. A batch takes one (or makes one, while fewer
+/// than [`max_rings`] were made) and gives it back; a ring that failed, or whose batch
+/// panicked, is never given back nor freed (the kernel may still hold its staging buffer), so
+/// the memory rings take, leaked ones included, stays under `max_rings() × STAGING_BYTES`.
+static IDLE: Mutex<Vec<RingReader>> = Mutex::new(Vec::new());
+/// Rings made or tried (a failed try counts too: at most [`max_rings`] tries in all).
+static RINGS_TRIED: AtomicUsize = AtomicUsize::new(0);
 
 struct RingReader {
     ring: IoUring,
@@ -114,70 +113,76 @@ struct RingReader {
 }
 
 /// Reads every entry of `reads` from `fd`, each result into its `result`; `fallback` reads one
-/// entry synchronously where the ring cannot (unavailable, too big, a short read).
+/// entry synchronously where the ring cannot (unavailable, all busy, too big, a short read).
 pub(crate) fn read_batch(
     fd: RawFd,
     reads: &mut [DeviceRead<'_>],
     fallback: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
 ) {
     read_env();
-    let ring_result = READER.with(|cell| {
-        let Ok(mut reader) = cell.try_borrow_mut() else {
-            return Err(());
-        };
-        if DISABLED.load(Ordering::SeqCst) {
-            return Err(());
-        }
-        if matches!(*reader, Reader::Untried) {
-            *reader = open_reader();
-        }
-        let Reader::Ready(ring) = &mut *reader else {
-            return Err(());
-        };
-        // A panic with reads in flight must not free the staging buffer on its way out (the
-        // thread's storage is dropped when the thread ends): the ring is leaked as after an
-        // error, then the panic goes on (review 18).
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            ring.read_all(fd, reads, fallback)
-        }));
-        if matches!(outcome, Ok(Ok(()))) {
-            return Ok(());
-        }
-        if let Reader::Ready(broken) = std::mem::replace(&mut *reader, Reader::Unavailable) {
-            // The kernel may still hold its staging buffer: never free it.
-            std::mem::forget(broken);
-        }
-        match outcome {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(Err(error)) => tracing::error!(
-                %error,
-                "io_uring failed; cache hits use synchronous reads on this thread from now on"
-            ),
-            Ok(Ok(())) => {}
-        }
-        Ok(())
-    });
-    if ring_result.is_err() {
+    let ring = if DISABLED.load(Ordering::SeqCst) {
+        None
+    } else {
+        take_ring()
+    };
+    let Some(mut ring) = ring else {
         for read in reads.iter_mut() {
             read.result = fallback(read.buf, read.offset);
+        }
+        return;
+    };
+    // A panic with reads in flight must not free the staging buffer on its way out: the ring
+    // is leaked as after an error, then the panic goes on (review 18).
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ring.read_all(fd, reads, fallback)
+    }));
+    match outcome {
+        Ok(Ok(())) => idle_rings().push(ring),
+        Ok(Err(error)) => {
+            // The kernel may still hold its staging buffer: never free it.
+            std::mem::forget(ring);
+            tracing::error!(
+                %error,
+                "an io_uring ring failed and is retired; batches that find no ring read synchronously"
+            );
+        }
+        Err(panic) => {
+            std::mem::forget(ring);
+            std::panic::resume_unwind(panic);
         }
     }
 }
 
-fn open_reader() -> Reader {
+fn idle_rings() -> std::sync::MutexGuard<'static, Vec<RingReader>> {
+    IDLE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An idle ring, or a new one while fewer than [`max_rings`] were tried; `None` when every
+/// ring is busy (or io_uring is unavailable).
+fn take_ring() -> Option<RingReader> {
+    if let Some(ring) = idle_rings().pop() {
+        return Some(ring);
+    }
+    RINGS_TRIED
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < max_rings()).then_some(n + 1)
+        })
+        .ok()?;
+    open_ring()
+}
+
+fn open_ring() -> Option<RingReader> {
     match IoUring::new(RING_ENTRIES) {
-        Ok(ring) => match AlignedBuf::try_zeroed(STAGING_BYTES) {
-            Some(staging) => {
-                RINGS_MADE.fetch_add(1, Ordering::Relaxed);
-                Reader::Ready(Box::new(RingReader { ring, staging }))
-            }
-            None => Reader::Unavailable,
-        },
+        Ok(ring) => {
+            let staging = AlignedBuf::try_zeroed(STAGING_BYTES)?;
+            RINGS_MADE.fetch_add(1, Ordering::Relaxed);
+            Some(RingReader { ring, staging })
+        }
         Err(error) => {
             WARNED.call_once(|| {
                 tracing::warn!(%error, "io_uring is unavailable; cache hits use one synchronous read each");
             });
-            Reader::Unavailable
+            None
         }
     }
 }
