@@ -1,6 +1,7 @@
-//! A device wrapper that can hold a write "in flight": the write waits at a gate, before it
-//! reaches the device, until the test releases it. Lets a test run another request (say a
-//! FLUSH on another connection) at exactly that moment, deterministically.
+//! A device wrapper that can hold a write or a read "in flight": a write waits at a gate
+//! before it reaches the device, a read after it read the device (so it returns what the
+//! device held when it began), until the test releases it. Lets a test run another request
+//! (say a FLUSH on another connection) at exactly that moment, deterministically.
 
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,6 +24,8 @@ pub struct GateDevice {
 struct Gate {
     /// The next write or write_zeroes stops at the gate.
     armed: bool,
+    /// The next read stops at the gate (after reading the device).
+    read_armed: bool,
     /// A write is waiting at the gate.
     holding: bool,
     /// The waiting write may go on.
@@ -50,7 +53,15 @@ impl GateDevice {
         gate.released = false;
     }
 
-    /// Waits up to `timeout` for a write to arrive at the gate; true when one is waiting.
+    /// Makes the next read wait at the gate, once it read the device, until
+    /// [`release`](Self::release).
+    pub fn hold_next_read(&self) {
+        let mut gate = self.gate();
+        gate.read_armed = true;
+        gate.released = false;
+    }
+
+    /// Waits up to `timeout` for a write (or read) to arrive at the gate; true when one is waiting.
     pub fn wait_until_held(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut gate = self.gate();
@@ -74,14 +85,20 @@ impl GateDevice {
         self.changed.notify_all();
     }
 
-    /// Stops at the gate if it is armed, for at most [`GATE_LIMIT`].
-    fn pass(&self) -> io::Result<()> {
+    /// Stops at the gate if it is armed for this kind of request (`read`), for at most
+    /// [`GATE_LIMIT`].
+    fn pass(&self, read: bool) -> io::Result<()> {
         let deadline = Instant::now() + GATE_LIMIT;
         let mut gate = self.gate();
-        if !gate.armed {
+        let armed = if read {
+            &mut gate.read_armed
+        } else {
+            &mut gate.armed
+        };
+        if !*armed {
             return Ok(());
         }
-        gate.armed = false;
+        *armed = false;
         gate.holding = true;
         self.changed.notify_all();
         while !gate.released {
@@ -90,7 +107,7 @@ impl GateDevice {
                 gate.holding = false;
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "write held at the test gate was never released",
+                    "request held at the test gate was never released",
                 ));
             }
             gate = self
@@ -109,10 +126,11 @@ impl BlockDevice for GateDevice {
         self.inner.size()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
+        self.inner.read_at(buf, offset)?;
+        self.pass(true)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.pass()?;
+        self.pass(false)?;
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> io::Result<()> {
@@ -122,7 +140,7 @@ impl BlockDevice for GateDevice {
         self.inner.discard(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.pass()?;
+        self.pass(false)?;
         self.inner.write_zeroes(offset, len)
     }
     fn describe(&self) -> String {

@@ -1,0 +1,182 @@
+//! Issue 11, item 3: no line lock is held across backing I/O where a hit could need the line.
+//! A read that misses part of a line reads the disk without holding the line, so a hit on the
+//! line's cached sectors goes on meanwhile; and what the miss puts in the cache afterwards is
+//! never older than what the cache or the disk holds by then: a write of the line that began
+//! on the disk while the miss read it (a write-through write, the cleaner's writeback) makes the
+//! miss read again holding the line.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use common::{counter, data, gated_cache, on_disk, read_in_thread, MIB};
+use ssdcache_device::BlockDevice;
+use ssdcache_engine::{CleanerConfig, Volume};
+use ssdcache_format::CacheMode;
+
+const SECTOR: usize = 4096;
+const LINE: u64 = 64 * 1024;
+const BACKING: u64 = 16 * MIB;
+/// Long enough for a hit (or a write that needs no disk wait) on an idle machine many times
+/// over; one that waits for the held disk read never returns before the test releases it.
+const LIMIT: Duration = Duration::from_secs(3);
+
+fn in_thread(what: impl FnOnce() + Send + 'static) -> std::sync::mpsc::Receiver<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        what();
+        let _ = tx.send(());
+    });
+    rx
+}
+
+/// The line at 0 holds `old` on the disk; its second sector is written (`new`) so the line is
+/// cached in part. Returns the volume with the backing memory, gate and cache.
+fn partly_cached_line(
+    mode: CacheMode,
+) -> (
+    Arc<ssdcache_devsim::MemDevice>,
+    Arc<ssdcache_devsim::GateDevice>,
+    Arc<ssdcache_engine::Cache>,
+    Arc<Volume>,
+    Vec<u8>,
+    Vec<u8>,
+) {
+    let (mem, gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
+    let vol = cache.volumes()[0].clone();
+    let old = data(1, LINE as usize);
+    mem.write_at(&old, 0).expect("seed backing");
+    let new = data(2, SECTOR);
+    vol.write(SECTOR as u64, &new, false)
+        .expect("write the second sector");
+    (mem, gate, cache, vol, old, new)
+}
+
+/// A miss on the first sector held at the disk; a hit on the cached second sector of the same
+/// line returns meanwhile; the miss returns the disk's data once released.
+fn hit_beside_a_held_read_miss(mode: CacheMode) {
+    let (_mem, gate, _cache, vol, old, new) = partly_cached_line(mode);
+    gate.hold_next_read();
+    let miss = read_in_thread(&vol, 0, SECTOR);
+    assert!(
+        gate.wait_until_held(Duration::from_secs(10)),
+        "the miss reached the disk"
+    );
+    let hits_before = counter(&vol, "read_hits");
+    let hit = read_in_thread(&vol, SECTOR as u64, SECTOR).recv_timeout(LIMIT);
+    let hits_after = counter(&vol, "read_hits");
+    gate.release();
+    let missed = miss
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the miss returns once released");
+
+    let hit =
+        hit.expect("a hit on another sector of the line waited for the read miss's disk read");
+    assert_eq!(hit, new, "the hit returns the cached data");
+    assert_eq!(hits_after, hits_before + 1, "it was a hit");
+    assert_eq!(missed, old[..SECTOR], "the miss returns the disk's data");
+    let mut line = vec![0u8; LINE as usize];
+    vol.read(0, &mut line).expect("read the line");
+    let mut expected = old.clone();
+    expected[SECTOR..2 * SECTOR].copy_from_slice(&new);
+    assert_eq!(line, expected, "the line reads as written");
+}
+
+#[test]
+fn write_through_a_hit_on_the_same_line_does_not_wait_for_a_read_miss() {
+    hit_beside_a_held_read_miss(CacheMode::WriteThrough);
+}
+
+#[test]
+fn write_back_a_hit_on_the_same_line_does_not_wait_for_a_read_miss() {
+    hit_beside_a_held_read_miss(CacheMode::WriteBack);
+}
+
+/// Write-through: while a miss is held with the line's old disk data, a write of the line's
+/// third sector lands on the disk and in the cache. The miss must not then fill the cache with
+/// the old third sector it read.
+#[test]
+fn write_through_a_write_during_a_read_miss_is_not_undone_by_its_fill() {
+    let (mem, gate, _cache, vol, old, new) = partly_cached_line(CacheMode::WriteThrough);
+    gate.hold_next_read();
+    let miss = read_in_thread(&vol, 0, SECTOR);
+    assert!(gate.wait_until_held(Duration::from_secs(10)));
+    let third = data(3, SECTOR);
+    let writer = {
+        let (vol, third) = (vol.clone(), third.clone());
+        in_thread(move || vol.write(2 * SECTOR as u64, &third, false).expect("write"))
+    };
+    let wrote_meanwhile = writer.recv_timeout(LIMIT);
+    gate.release();
+    let missed = miss.recv_timeout(Duration::from_secs(10)).expect("miss");
+    writer_done(wrote_meanwhile, &writer);
+
+    assert_eq!(missed, old[..SECTOR], "the miss returns the disk's data");
+    let mut expected = old.clone();
+    expected[SECTOR..2 * SECTOR].copy_from_slice(&new);
+    expected[2 * SECTOR..3 * SECTOR].copy_from_slice(&third);
+    assert_eq!(
+        on_disk(&mem, 0, LINE as usize),
+        expected,
+        "the disk has both writes"
+    );
+    let mut line = vec![0u8; LINE as usize];
+    vol.read(0, &mut line).expect("read the line");
+    assert_eq!(line, expected, "the cache agrees with the disk");
+    let mut sector = vec![0u8; SECTOR];
+    vol.read(2 * SECTOR as u64, &mut sector).expect("read");
+    assert_eq!(sector, third, "the third sector reads as written");
+}
+
+/// Write-back: while a miss is held with the line's old disk data, the second and third
+/// sectors are dirty in the cache and the cleaner writes them back and records them clean. The
+/// miss must not then fill the cache with the old sectors it read (they are no longer dirty,
+/// so nothing lays the cache's copy over them): that would lose two acknowledged writes.
+#[test]
+fn write_back_a_writeback_during_a_read_miss_is_not_undone_by_its_fill() {
+    let (mem, gate, cache, vol, old, new) = partly_cached_line(CacheMode::WriteBack);
+    gate.hold_next_read();
+    let miss = read_in_thread(&vol, 0, SECTOR);
+    assert!(gate.wait_until_held(Duration::from_secs(10)));
+    let third = data(3, SECTOR);
+    let cleaner = {
+        let (vol, cache, third) = (vol.clone(), cache.clone(), third.clone());
+        in_thread(move || {
+            vol.write(2 * SECTOR as u64, &third, false).expect("write");
+            cache
+                .drain(&CleanerConfig::default(), &mut |_| true)
+                .expect("drain");
+        })
+    };
+    let cleaned_meanwhile = cleaner.recv_timeout(LIMIT);
+    gate.release();
+    let missed = miss.recv_timeout(Duration::from_secs(10)).expect("miss");
+    writer_done(cleaned_meanwhile, &cleaner);
+
+    assert_eq!(missed, old[..SECTOR], "the miss returns the disk's data");
+    let mut expected = old.clone();
+    expected[SECTOR..2 * SECTOR].copy_from_slice(&new);
+    expected[2 * SECTOR..3 * SECTOR].copy_from_slice(&third);
+    assert_eq!(
+        on_disk(&mem, 0, LINE as usize),
+        expected,
+        "the disk has both writes"
+    );
+    let mut line = vec![0u8; LINE as usize];
+    vol.read(0, &mut line).expect("read the line");
+    assert_eq!(line, expected, "the cache serves both acknowledged writes");
+}
+
+/// Asserts the writer finished while the miss was held (it needs no disk read, so it must not
+/// wait for one), after waiting for it to finish in any case.
+fn writer_done(
+    meanwhile: Result<(), std::sync::mpsc::RecvTimeoutError>,
+    writer: &std::sync::mpsc::Receiver<()>,
+) {
+    if meanwhile.is_err() {
+        let _ = writer.recv_timeout(Duration::from_secs(10));
+        panic!("a write of the line waited for a read miss's disk read");
+    }
+}
