@@ -14,23 +14,34 @@
 //!    ([`PendingFill::finish`] says whether one did): that other write landed later on the disk,
 //!    so the first one's data would be stale in the cache. The range then stays out of the
 //!    cache (the write invalidated it before its disk write) and the disk serves it.
+//! 3. A read miss of one line reads the disk without its line and uses what it read, under the
+//!    line again, only if no write to the line began after it registered (while it still held
+//!    the line). Such a write may have landed before or during the read, and its data may by
+//!    now be clean in the cache (the cleaner's writeback) where nothing lays it over what the
+//!    read got; so the read starts over holding the line instead. A second miss of a line
+//!    being read so waits, without the line, until the first used what it read
+//!    ([`BackingOrder::wait_for_reads`]), and is then served from the cache: the line is read
+//!    from the disk once, as when the first miss held it.
 //!
-//! Bounds: the ranges in flight and the pending fills are each at most the writes in flight on
-//! the device: the cleaner's (32) plus one per client request running (connections × workers).
+//! Bounds: the ranges in flight are at most the writes in flight on the device: the cleaner's
+//! (32) plus one per client request running (connections × workers); the pending fills at most
+//! one per client request running.
 
 use crate::sync::{Condvar, Mutex, MutexGuard};
 
 /// Writes in flight on one backing device and write-through fills waiting to be made.
 pub(crate) struct BackingOrder {
     state: Mutex<OrderState>,
-    write_ended: Condvar,
+    /// Notified when a write in flight ends and when a read miss's pending fill ends.
+    ended: Condvar,
 }
 
 #[derive(Default)]
 struct OrderState {
     /// Byte ranges `(start, end)` being written on the device right now.
     in_flight: Vec<(u64, u64)>,
-    /// Write-through writes between their disk write's start and their cache fill.
+    /// Write-through writes between their disk write's start and their cache fill, and read
+    /// misses between their registration and their use of what they read.
     pending_fills: Vec<Pending>,
     next_fill: u64,
 }
@@ -40,6 +51,8 @@ struct Pending {
     range: (u64, u64),
     /// A write to an overlapping range began after this one: its fill must not happen.
     superseded: bool,
+    /// A read miss's (rule 3), not a write-through write's.
+    read: bool,
 }
 
 fn overlaps((s1, e1): (u64, u64), (s2, e2): (u64, u64)) -> bool {
@@ -63,11 +76,12 @@ impl Drop for WriteInFlight<'_> {
             state.in_flight.swap_remove(i);
         }
         drop(state);
-        self.order.write_ended.notify_all();
+        self.order.ended.notify_all();
     }
 }
 
-/// A write-through write's right to fill the cache after its disk write, unless superseded.
+/// A write-through write's right to fill the cache after its disk write, or a read miss's
+/// right to use what it read from the disk, unless superseded.
 pub(crate) struct PendingFill<'a> {
     order: &'a BackingOrder,
     id: u64,
@@ -78,23 +92,29 @@ impl PendingFill<'_> {
     /// Called with the write's lines held again, so no other write of them can begin between
     /// this answer and the fill.
     pub fn finish(self) -> bool {
+        // `Drop` finds nothing more to remove.
+        self.end().is_some_and(|p| !p.superseded)
+    }
+
+    /// Removes the pending fill (waking reads waiting for it); what it was, if still there.
+    fn end(&self) -> Option<Pending> {
         let mut state = self.order.state();
-        let superseded = state
+        let ended = state
             .pending_fills
             .iter()
             .position(|p| p.id == self.id)
-            .map(|i| state.pending_fills.swap_remove(i).superseded);
-        // `Drop` finds nothing more to remove.
-        superseded == Some(false)
+            .map(|i| state.pending_fills.swap_remove(i));
+        drop(state);
+        if ended.as_ref().is_some_and(|p| p.read) {
+            self.order.ended.notify_all();
+        }
+        ended
     }
 }
 
 impl Drop for PendingFill<'_> {
     fn drop(&mut self) {
-        let mut state = self.order.state();
-        if let Some(i) = state.pending_fills.iter().position(|p| p.id == self.id) {
-            state.pending_fills.swap_remove(i);
-        }
+        self.end();
     }
 }
 
@@ -102,7 +122,7 @@ impl BackingOrder {
     pub fn new() -> BackingOrder {
         BackingOrder {
             state: Mutex::new(OrderState::default()),
-            write_ended: Condvar::new(),
+            ended: Condvar::new(),
         }
     }
 
@@ -135,15 +155,55 @@ impl BackingOrder {
         len: u64,
     ) -> (WriteInFlight<'_>, PendingFill<'_>) {
         let in_flight = self.begin_write(offset, len);
+        (
+            in_flight,
+            self.register_fill(byte_range(offset, len), false),
+        )
+    }
+
+    /// Registers a read of the disk that will use what it read only if no write overlapping
+    /// the range begins from now on (rule 3). The caller holds the range's lines, so no write
+    /// of it can begin before this.
+    pub fn begin_read_then_fill(&self, offset: u64, len: u64) -> PendingFill<'_> {
+        self.register_fill(byte_range(offset, len), true)
+    }
+
+    /// Whether a read miss (rule 3) of an overlapping range has not yet used what it read.
+    pub fn read_in_flight(&self, offset: u64, len: u64) -> bool {
+        let range = byte_range(offset, len);
+        self.state()
+            .pending_fills
+            .iter()
+            .any(|p| p.read && overlaps(p.range, range))
+    }
+
+    /// Waits until every read miss (rule 3) of an overlapping range has used what it read. A
+    /// read miss needs no lock to get there but its line, which the caller must not hold.
+    pub fn wait_for_reads(&self, offset: u64, len: u64) {
+        let range = byte_range(offset, len);
+        let state = self.state();
+        drop(
+            self.ended
+                .wait_while(state, |s| {
+                    s.pending_fills
+                        .iter()
+                        .any(|p| p.read && overlaps(p.range, range))
+                })
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+    }
+
+    fn register_fill(&self, range: (u64, u64), read: bool) -> PendingFill<'_> {
         let mut state = self.state();
         let id = state.next_fill;
         state.next_fill += 1;
         state.pending_fills.push(Pending {
             id,
-            range: byte_range(offset, len),
+            range,
             superseded: false,
+            read,
         });
-        (in_flight, PendingFill { order: self, id })
+        PendingFill { order: self, id }
     }
 
     /// Waits until no write in flight overlaps the range (a client read of the backing device:
@@ -163,7 +223,7 @@ impl BackingOrder {
         state: MutexGuard<'a, OrderState>,
         range: (u64, u64),
     ) -> MutexGuard<'a, OrderState> {
-        self.write_ended
+        self.ended
             .wait_while(state, |s| s.in_flight.iter().any(|&r| overlaps(r, range)))
             .unwrap_or_else(|p| p.into_inner())
     }
@@ -201,6 +261,27 @@ mod tests {
         let (w, fill) = order.begin_write_then_fill(0, 4096);
         drop(w);
         assert!(fill.finish());
+    }
+
+    #[test]
+    fn a_write_beginning_during_a_read_supersedes_it_and_an_earlier_one_does_not() {
+        let order = BackingOrder::new();
+        drop(order.begin_write(0, 4096));
+        let read = order.begin_read_then_fill(0, 65536);
+        assert!(
+            read.finish(),
+            "a write that ended before the read does not count"
+        );
+        let read = order.begin_read_then_fill(0, 65536);
+        drop(order.begin_write(65536, 4096));
+        assert!(read.finish(), "a write of another line does not count");
+        let read = order.begin_read_then_fill(0, 65536);
+        drop(order.begin_write(8192, 4096));
+        assert!(
+            !read.finish(),
+            "a write of the line that began during the read"
+        );
+        assert!(order.state().pending_fills.is_empty());
     }
 
     #[test]

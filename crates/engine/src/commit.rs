@@ -85,6 +85,23 @@ impl Backing {
         self.order.begin_write_then_fill(offset, len)
     }
 
+    /// A client read miss that reads the device without its line and uses what it read only
+    /// if no write of `[offset, offset + len)` began meanwhile (`backing_order.rs`, rule 3).
+    pub fn begin_read_then_fill(&self, offset: u64, len: u64) -> PendingFill<'_> {
+        self.order.begin_read_then_fill(offset, len)
+    }
+
+    /// Whether a read miss of `[offset, offset + len)` is reading the device without its line.
+    pub fn read_in_flight(&self, offset: u64, len: u64) -> bool {
+        self.order.read_in_flight(offset, len)
+    }
+
+    /// Waits until every read miss of `[offset, offset + len)` reading the device without its
+    /// line has used what it read; the caller holds no line.
+    pub fn wait_for_reads(&self, offset: u64, len: u64) {
+        self.order.wait_for_reads(offset, len);
+    }
+
     /// Waits until no write in flight overlaps `[offset, offset + len)`: a client read of the
     /// device must not read, and cache, a half-written range.
     pub fn wait_for_writes(&self, offset: u64, len: u64) {

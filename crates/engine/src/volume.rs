@@ -161,6 +161,21 @@ fn mode_of(code: u8) -> CacheMode {
     }
 }
 
+/// What the backing device held at `offset` when a read that ran without its lines read it,
+/// still current when the read took its lines again (`Volume::read_line_unheld`).
+struct DiskImage {
+    offset: u64,
+    data: AlignedBuf,
+}
+
+impl DiskImage {
+    /// The image's bytes of `[offset, offset + len)`, if it holds all of them.
+    fn part(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let at = usize::try_from(offset.checked_sub(self.offset)?).ok()?;
+        self.data.get(at..at.checked_add(len)?)
+    }
+}
+
 /// Whether a read caches the lines it missed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fill {
@@ -436,6 +451,23 @@ impl Volume {
         }
     }
 
+    /// Reads `buf` at `offset` from `image` where it holds the range (the disk's data read
+    /// without the lines and still current, `read_line_unheld`), else from the disk.
+    fn read_backing_or_image(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        image: &Option<DiskImage>,
+    ) -> Result<()> {
+        match image.as_ref().and_then(|i| i.part(offset, buf.len())) {
+            Some(part) => {
+                buf.copy_from_slice(part);
+                Ok(())
+            }
+            None => self.read_backing(buf, offset),
+        }
+    }
+
     fn read_backing(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.core.note_client_backing_io();
         // A writeback in flight (the cleaner writes without the lines) may leave the range half
@@ -503,7 +535,7 @@ impl Volume {
             self.count(Counter::ReadMisses, 1);
             return self.read_backing(buf, offset);
         }
-        let _held = self.lock_for_read(offset, length);
+        let held = self.lock_for_read(offset, length);
         let bypass = self.stream_bypass(offset, length);
         if bypass && !self.all_cached(offset, length) {
             // A stream reads on from the backing device in one piece: serving the cached parts
@@ -522,7 +554,11 @@ impl Volume {
         } else {
             Fill::Nothing
         };
-        let all_hit = self.read_locked(offset, buf, fill)?;
+        let all_hit = if fill == Fill::Admitted && self.misses_in_one_line(offset, length) {
+            self.read_line_unheld(offset, buf, held)?
+        } else {
+            self.read_locked(offset, buf, fill, &mut None)?
+        };
         self.count(
             if all_hit {
                 Counter::ReadHits
@@ -562,17 +598,82 @@ impl Volume {
             .then_some(hit.slot)
     }
 
+    /// Whether a read of `[offset, offset + length)` lies in one line and misses some of it.
+    fn misses_in_one_line(&self, offset: u64, length: u64) -> bool {
+        let (first, last) = self.line_range(offset, length);
+        first == last && !self.all_cached(offset, length)
+    }
+
+    /// A read that misses part of one line, without holding the line across the disk read
+    /// (`backing_order.rs`, rule 3), so hits on the line's cached sectors go on meanwhile. It
+    /// reads what a miss under the line would (the whole line if admission lets it in: a miss
+    /// on part of a line caches it whole; else just the request), takes the line again and
+    /// serves and fills from what it read, unless a write of the line began meanwhile: then it
+    /// starts over holding the line. While another miss reads the line so, it waits for that
+    /// one instead (without the line) and is then, most likely, a hit. `held`: the read's
+    /// line, released here.
+    fn read_line_unheld<'a>(
+        &'a self,
+        offset: u64,
+        buf: &mut [u8],
+        mut held: RangeGuard<'a>,
+    ) -> Result<bool> {
+        let length = buf.len() as u64;
+        let Some(seg) = self.segments(offset, length).next() else {
+            return self.read_locked(offset, buf, Fill::Admitted, &mut None);
+        };
+        let whole = self.whole_line(seg.line);
+        for _ in 0..LOCK_RETRIES {
+            if !self
+                .backing()
+                .read_in_flight(whole.offset, whole.len as u64)
+            {
+                break;
+            }
+            drop(held);
+            self.backing()
+                .wait_for_reads(whole.offset, whole.len as u64);
+            held = self.lock_lines(offset, length);
+            if self.all_cached(offset, length) {
+                return self.read_locked(offset, buf, Fill::Admitted, &mut None);
+            }
+        }
+        // Admission is asked once, here: the read under the line below caches what it read
+        // only if it was admitted.
+        let (fill, at, len) = if self.admits(&seg) {
+            (Fill::Everything, whole.offset, whole.len)
+        } else {
+            (Fill::Nothing, offset, buf.len())
+        };
+        let current = self
+            .backing()
+            .begin_read_then_fill(whole.offset, whole.len as u64);
+        drop(held);
+        // Allocated per miss, not kept per thread (as `read_missing_partial_line`).
+        let mut data = AlignedBuf::zeroed(len);
+        self.read_backing(&mut data, at)?;
+        let _held = self.lock_lines(offset, length);
+        let mut image = current.finish().then_some(DiskImage { offset: at, data });
+        self.read_locked(offset, buf, fill, &mut image)
+    }
+
     /// Reads a range whose lines the caller holds: cached segments from the cache, each run of
-    /// consecutive missing segments with one backing read (a disk streams it) with any cached
-    /// sectors laid over it, then fills the cache from what was read as `fill` says. Returns
-    /// whether every segment hit.
-    fn read_locked(&self, offset: u64, buf: &mut [u8], fill: Fill) -> Result<bool> {
+    /// consecutive missing segments with one backing read (a disk streams it; from `image`
+    /// where that holds the run) with any cached sectors laid over it, then fills the cache
+    /// from what was read as `fill` says. Returns whether every segment hit.
+    fn read_locked(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        fill: Fill,
+        image: &mut Option<DiskImage>,
+    ) -> Result<bool> {
         let mut all_hit = true;
         let mut run: Option<(Segment, Segment)> = None;
         for seg in self.segments(offset, buf.len() as u64) {
             if self.read_hit(&seg, &mut buf[seg.buf_at..seg.buf_at + seg.len])? {
                 if let Some(missed) = run.take() {
-                    self.read_missing(missed, buf, fill)?;
+                    self.read_missing(missed, buf, fill, image)?;
                 }
                 continue;
             }
@@ -583,7 +684,7 @@ impl Volume {
             });
         }
         if let Some(missed) = run {
-            self.read_missing(missed, buf, fill)?;
+            self.read_missing(missed, buf, fill, image)?;
         }
         Ok(all_hit)
     }
@@ -768,6 +869,7 @@ impl Volume {
         (first, last): (Segment, Segment),
         buf: &mut [u8],
         mut fill: Fill,
+        image: &mut Option<DiskImage>,
     ) -> Result<()> {
         let part_of_one_line =
             first.line == last.line && first.len < self.whole_line(first.line).len;
@@ -776,13 +878,14 @@ impl Volume {
                 return self.read_missing_partial_line(
                     &first,
                     &mut buf[first.buf_at..first.buf_at + first.len],
+                    image,
                 );
             }
             // Not cached: read just what was asked, not the whole line.
             fill = Fill::Nothing;
         }
         let (start, end) = (first.buf_at, last.buf_at + last.len);
-        self.read_backing(&mut buf[start..end], first.offset)?;
+        self.read_backing_or_image(&mut buf[start..end], first.offset, image)?;
         self.overlay_cached(first.offset, &mut buf[start..end])?;
         if fill != Fill::Nothing {
             for seg in self.segments(first.offset, (end - start) as u64) {
@@ -798,12 +901,24 @@ impl Volume {
     /// A miss on part of one line reads and caches the whole line: one larger read costs a
     /// disk little more than a small one, and it keeps lines full so the cache's capacity is
     /// used (4 KiB random reads would otherwise fill 1/16 of each 64 KiB line).
-    fn read_missing_partial_line(&self, seg: &Segment, buf: &mut [u8]) -> Result<()> {
+    fn read_missing_partial_line(
+        &self,
+        seg: &Segment,
+        buf: &mut [u8],
+        image: &mut Option<DiskImage>,
+    ) -> Result<()> {
         let whole = self.whole_line(seg.line);
-        // Allocated per miss, not kept per thread: a server runs thousands of worker threads,
-        // and a miss waits for the disk anyway.
-        let mut scratch = AlignedBuf::zeroed(whole.len);
-        self.read_backing(&mut scratch, whole.offset)?;
+        let mut scratch = match image.take() {
+            Some(line) if line.offset == whole.offset && line.data.len() == whole.len => line.data,
+            other => {
+                *image = other;
+                // Allocated per miss, not kept per thread: a server runs thousands of worker
+                // threads, and a miss waits for the disk anyway.
+                let mut scratch = AlignedBuf::zeroed(whole.len);
+                self.read_backing(&mut scratch, whole.offset)?;
+                scratch
+            }
+        };
         // Dirty data elsewhere in the line that is unreadable: serve just the request.
         let filled = self.overlay_cached(whole.offset, &mut scratch).is_ok();
         if filled {
@@ -1422,7 +1537,7 @@ impl Volume {
             let n = (end - pos).min(line_size - pos % line_size);
             let _held = self.lock_lines(pos, n);
             // The client asked for this data to be cached: admission does not apply.
-            self.read_locked(pos, &mut buf[..n as usize], Fill::Everything)?;
+            self.read_locked(pos, &mut buf[..n as usize], Fill::Everything, &mut None)?;
             pos += n;
         }
         Ok(())

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use common::{counter, data, gated_cache, on_disk, read_in_thread, MIB};
 use ssdcache_device::BlockDevice;
-use ssdcache_engine::{CleanerConfig, Volume};
+use ssdcache_devsim::{GateDevice, MemDevice};
+use ssdcache_engine::{Cache, CleanerConfig, Volume};
 use ssdcache_format::CacheMode;
 
 const SECTOR: usize = 4096;
@@ -32,18 +33,18 @@ fn in_thread(what: impl FnOnce() + Send + 'static) -> std::sync::mpsc::Receiver<
     rx
 }
 
-/// The line at 0 holds `old` on the disk; its second sector is written (`new`) so the line is
-/// cached in part. Returns the volume with the backing memory, gate and cache.
-fn partly_cached_line(
-    mode: CacheMode,
-) -> (
-    Arc<ssdcache_devsim::MemDevice>,
-    Arc<ssdcache_devsim::GateDevice>,
-    Arc<ssdcache_engine::Cache>,
-    Arc<Volume>,
-    Vec<u8>,
-    Vec<u8>,
-) {
+/// A cache whose line at 0 holds `old` on the disk and whose second sector was written
+/// (`new`), so the line is cached in part.
+struct PartlyCached {
+    mem: Arc<MemDevice>,
+    gate: Arc<GateDevice>,
+    cache: Arc<Cache>,
+    vol: Arc<Volume>,
+    old: Vec<u8>,
+    new: Vec<u8>,
+}
+
+fn partly_cached_line(mode: CacheMode) -> PartlyCached {
     let (mem, gate, cache) = gated_cache(mode, LINE, BACKING, 16 * MIB);
     let vol = cache.volumes()[0].clone();
     let old = data(1, LINE as usize);
@@ -51,13 +52,26 @@ fn partly_cached_line(
     let new = data(2, SECTOR);
     vol.write(SECTOR as u64, &new, false)
         .expect("write the second sector");
-    (mem, gate, cache, vol, old, new)
+    PartlyCached {
+        mem,
+        gate,
+        cache,
+        vol,
+        old,
+        new,
+    }
 }
 
 /// A miss on the first sector held at the disk; a hit on the cached second sector of the same
 /// line returns meanwhile; the miss returns the disk's data once released.
 fn hit_beside_a_held_read_miss(mode: CacheMode) {
-    let (_mem, gate, _cache, vol, old, new) = partly_cached_line(mode);
+    let PartlyCached {
+        gate,
+        vol,
+        old,
+        new,
+        ..
+    } = partly_cached_line(mode);
     gate.hold_next_read();
     let miss = read_in_thread(&vol, 0, SECTOR);
     assert!(
@@ -99,7 +113,14 @@ fn write_back_a_hit_on_the_same_line_does_not_wait_for_a_read_miss() {
 /// the old third sector it read.
 #[test]
 fn write_through_a_write_during_a_read_miss_is_not_undone_by_its_fill() {
-    let (mem, gate, _cache, vol, old, new) = partly_cached_line(CacheMode::WriteThrough);
+    let PartlyCached {
+        mem,
+        gate,
+        vol,
+        old,
+        new,
+        ..
+    } = partly_cached_line(CacheMode::WriteThrough);
     gate.hold_next_read();
     let miss = read_in_thread(&vol, 0, SECTOR);
     assert!(gate.wait_until_held(Duration::from_secs(10)));
@@ -136,7 +157,14 @@ fn write_through_a_write_during_a_read_miss_is_not_undone_by_its_fill() {
 /// so nothing lays the cache's copy over them): that would lose two acknowledged writes.
 #[test]
 fn write_back_a_writeback_during_a_read_miss_is_not_undone_by_its_fill() {
-    let (mem, gate, cache, vol, old, new) = partly_cached_line(CacheMode::WriteBack);
+    let PartlyCached {
+        mem,
+        gate,
+        cache,
+        vol,
+        old,
+        new,
+    } = partly_cached_line(CacheMode::WriteBack);
     gate.hold_next_read();
     let miss = read_in_thread(&vol, 0, SECTOR);
     assert!(gate.wait_until_held(Duration::from_secs(10)));
@@ -179,4 +207,33 @@ fn writer_done(
         let _ = writer.recv_timeout(Duration::from_secs(10));
         panic!("a write of the line waited for a read miss's disk read");
     }
+}
+
+/// Two misses on one line at once: the second does not read the disk again while the first
+/// reads the line, it waits (without the line) for the first to cache it and is then a hit;
+/// the line is read from the disk once.
+#[test]
+fn a_second_miss_on_a_line_being_read_waits_for_it_instead_of_reading_the_disk_again() {
+    let PartlyCached { gate, vol, old, .. } = partly_cached_line(CacheMode::WriteThrough);
+    let from_disk_before = counter(&vol, "bytes_from_backing");
+    gate.hold_next_read();
+    let first = read_in_thread(&vol, 0, SECTOR);
+    assert!(gate.wait_until_held(Duration::from_secs(10)));
+    let second = read_in_thread(&vol, 3 * SECTOR as u64, SECTOR);
+    let early = second.recv_timeout(Duration::from_millis(300));
+    gate.release();
+    let first = first.recv_timeout(Duration::from_secs(10)).expect("first");
+    let second = match early {
+        Ok(data) => data,
+        Err(_) => second
+            .recv_timeout(Duration::from_secs(10))
+            .expect("second"),
+    };
+    assert_eq!(first, old[..SECTOR]);
+    assert_eq!(second, old[3 * SECTOR..4 * SECTOR]);
+    assert_eq!(
+        counter(&vol, "bytes_from_backing") - from_disk_before,
+        LINE,
+        "the line was read from the disk once"
+    );
 }
