@@ -44,8 +44,12 @@ struct Rig {
 }
 
 fn rig(mode: CacheMode, cache_size: u64) -> Rig {
+    rig_sized(mode, cache_size, BACKING)
+}
+
+fn rig_sized(mode: CacheMode, cache_size: u64, backing_size: u64) -> Rig {
     let cache_dev = Arc::new(CrashDevice::new("cache", cache_size));
-    let backing = Arc::new(CrashDevice::new("backing", BACKING));
+    let backing = Arc::new(CrashDevice::new("backing", backing_size));
     let old = data(1, LINE as usize);
     backing.write_at(&old, 0).expect("seed backing");
     backing.flush().expect("seed flush");
@@ -53,7 +57,7 @@ fn rig(mode: CacheMode, cache_size: u64) -> Rig {
         dev: backing.clone(),
         read_delay: Duration::ZERO,
     })));
-    format_dev(&*cache_dev, LINE, mode, BACKING, 0);
+    format_dev(&*cache_dev, LINE, mode, backing_size, 0);
     let (cache, _) = open_dyn(cache_dev.clone(), gate.clone());
     let cache = Arc::new(cache);
     let vol = cache.volumes()[0].clone();
@@ -566,6 +570,85 @@ fn mode_change_beside_steady_use_of_dirty_lines() {
         "the mode change beside {ops} requests on the dirty lines failed: {:?}",
         changed.err().map(|e| e.to_string())
     );
+}
+
+/// The volume's last line is short (3 sectors): a miss of its first sector is held while its
+/// third sector is written (write-back), FLUSHed and cleaned, and a second miss of its second
+/// sector waits. Both return the disk's data; the line reads as written, from cache and disk.
+#[test]
+fn write_back_miss_of_a_short_last_line_raced_with_a_writeback() {
+    let size = BACKING + 3 * SECTOR as u64;
+    let rig = rig_sized(CacheMode::WriteBack, 16 << 20, size);
+    let last = BACKING;
+    let old = data(11, 3 * SECTOR);
+    rig.backing
+        .write_at(&old, last)
+        .expect("seed the last line");
+    rig.gate.hold_next_read();
+    let miss = read_async(&rig.vol, last, SECTOR);
+    assert!(rig.gate.wait_until_held(Duration::from_secs(10)));
+    let third = data(12, SECTOR);
+    let cleaned = {
+        let (vol, cache, third) = (rig.vol.clone(), rig.cache.clone(), third.clone());
+        in_thread(move || {
+            vol.write(last + 2 * SECTOR as u64, &third, false)
+                .expect("write");
+            vol.flush().expect("flush");
+            drain(&cache);
+        })
+    };
+    let cleaned = cleaned.recv_timeout(LIMIT);
+    let second = read_async(&rig.vol, last + SECTOR as u64, SECTOR);
+    thread::sleep(Duration::from_millis(100));
+    rig.gate.release();
+    let first = miss.recv_timeout(END).expect("miss").expect("miss ok");
+    let second = second
+        .recv_timeout(END)
+        .expect("second")
+        .expect("second ok");
+    assert!(
+        cleaned.is_ok(),
+        "the writeback did not wait for the read miss"
+    );
+    assert_eq!(first, old[sector(0)]);
+    assert_eq!(second, old[sector(1)]);
+    let mut expected = old.clone();
+    expected[sector(2)].copy_from_slice(&third);
+    drain(&rig.cache);
+    assert_eq!(on_disk(&rig.backing, last, 3 * SECTOR), expected);
+    assert_eq!(read_vol(&rig.vol, last, 3 * SECTOR), expected);
+}
+
+/// Many misses of one line at once while the first is held: each waits for it (without the
+/// line) and is then a hit; the line is read from the disk once; all return the disk's data.
+#[test]
+fn many_misses_of_a_line_being_read_read_the_disk_once() {
+    let (rig, new) = partly_cached(CacheMode::WriteThrough, 16 << 20);
+    let from_disk = counter(&rig.vol, "bytes_from_backing");
+    let miss = held_miss(&rig);
+    let others: Vec<_> = (2..14)
+        .map(|s| (s, read_async(&rig.vol, (s * SECTOR) as u64, SECTOR)))
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    rig.gate.release();
+    assert_eq!(
+        miss.recv_timeout(END).expect("miss").expect("miss ok"),
+        rig.old[sector(0)]
+    );
+    for (s, other) in others {
+        let got = other.recv_timeout(END).expect("other").expect("other ok");
+        assert_eq!(got, rig.old[sector(s)], "sector {s}");
+    }
+    assert_eq!(
+        counter(&rig.vol, "bytes_from_backing") - from_disk,
+        LINE,
+        "the line was read from the disk once"
+    );
+    assert_eq!(counter(&rig.vol, "read_misses"), 1);
+    assert_eq!(counter(&rig.vol, "read_hits"), 12);
+    let mut expected = rig.old.clone();
+    expected[sector(1)].copy_from_slice(&new);
+    settles_to(&rig, &expected);
 }
 
 /// NBD CACHE of the line while the miss is held, then a write-through write of the missed
