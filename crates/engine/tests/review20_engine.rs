@@ -928,7 +928,7 @@ fn worker(
                 buf.extend_from_slice(&sector_data(tag));
                 begun.push(model.begin(base + i, Value::Tag(tag)).0);
             }
-            vol.write((base * SECTOR) as u64, &buf, rng.next_u64() % 10 == 0)
+            vol.write((base * SECTOR) as u64, &buf, rng.below(10) == 0)
                 .map_err(|e| format!("write: {e}"))?;
             for (i, index) in begun.into_iter().enumerate() {
                 model.end(base + i, index);
@@ -941,7 +941,7 @@ fn worker(
                 .map(|i| model.begin(base + i, Value::Zero).0)
                 .collect();
             let (at, len) = ((base * SECTOR) as u64, (count * SECTOR) as u64);
-            if choice % 2 == 0 {
+            if choice.is_multiple_of(2) {
                 vol.trim(at, len, false).map_err(|e| format!("trim: {e}"))?;
             } else {
                 vol.write_zeroes(at, len, false)
