@@ -688,6 +688,77 @@ fn many_misses_of_a_line_being_read_read_the_disk_once() {
     settles_to(&rig, &expected);
 }
 
+/// A miss of the whole line (every sector missing but the written one) held while two of its
+/// sectors are written (write-back), FLUSHed and cleaned: it returns the old or new data per
+/// sector, never a mix within a sector, and the line settles as written.
+#[test]
+fn write_back_whole_line_miss_raced_with_a_writeback() {
+    let (rig, new) = partly_cached(CacheMode::WriteBack, 16 << 20);
+    rig.gate.hold_next_read();
+    let miss = read_async(&rig.vol, 0, LINE as usize);
+    assert!(rig.gate.wait_until_held(Duration::from_secs(10)));
+    let (zero, seventh) = (data(20, SECTOR), data(21, SECTOR));
+    let cleaned = {
+        let (vol, cache) = (rig.vol.clone(), rig.cache.clone());
+        let (zero, seventh) = (zero.clone(), seventh.clone());
+        in_thread(move || {
+            vol.write(0, &zero, false).expect("write");
+            vol.write(7 * SECTOR as u64, &seventh, false)
+                .expect("write");
+            vol.flush().expect("flush");
+            drain(&cache);
+        })
+    };
+    let cleaned = cleaned.recv_timeout(LIMIT);
+    rig.gate.release();
+    let got = miss.recv_timeout(END).expect("miss").expect("miss ok");
+    assert!(
+        cleaned.is_ok(),
+        "the writeback did not wait for the read miss"
+    );
+    assert!(got[sector(0)] == rig.old[sector(0)] || got[sector(0)] == zero[..]);
+    assert_eq!(got[sector(1)], new[..], "the cached sector, laid over");
+    assert!(got[sector(7)] == rig.old[sector(7)] || got[sector(7)] == seventh[..]);
+    let mut expected = rig.old.clone();
+    expected[sector(0)].copy_from_slice(&zero);
+    expected[sector(1)].copy_from_slice(&new);
+    expected[sector(7)].copy_from_slice(&seventh);
+    assert_eq!(read_vol(&rig.vol, 0, LINE as usize), expected);
+    settles_to(&rig, &expected);
+}
+
+/// Write-back: the cache device fails writes when the miss fills a line holding a dirty
+/// sector. The dirty sector's only copy is in the cache: whatever the read returns and
+/// whatever state the volume goes to, sector 1 must never read as the disk's old copy, and
+/// once the device works again it must be written back.
+#[test]
+fn write_back_cache_write_error_during_the_fill() {
+    let (rig, new) = partly_cached(CacheMode::WriteBack, 16 << 20);
+    let miss = held_miss(&rig);
+    rig.cache_dev.fail_writes(true);
+    rig.gate.release();
+    let missed = miss.recv_timeout(END).expect("the miss returns");
+    rig.cache_dev.fail_writes(false);
+    if let Ok(missed) = &missed {
+        assert_eq!(missed, &rig.old[sector(0)]);
+    }
+    let mut second = vec![0u8; SECTOR];
+    if rig.vol.read(SECTOR as u64, &mut second).is_ok() {
+        assert_eq!(
+            second, new,
+            "the dirty sector never reads as the disk's old copy"
+        );
+    }
+    let mut expected = rig.old.clone();
+    expected[sector(1)].copy_from_slice(&new);
+    drain(&rig.cache);
+    assert_eq!(
+        on_disk(&rig.backing, 0, LINE as usize),
+        expected,
+        "the acknowledged write reached the disk"
+    );
+}
+
 /// NBD CACHE of the line while the miss is held, then a write-through write of the missed
 /// sector: the prefetch caches the line (without waiting for the held read), and the late
 /// fill must not bring back the old copy.
