@@ -1066,6 +1066,10 @@ fn worker(
 }
 
 fn randomized_run(mode: CacheMode, switch_modes: bool) {
+    randomized_run_admitting(mode, switch_modes, Admission::Always);
+}
+
+fn randomized_run_admitting(mode: CacheMode, switch_modes: bool, admission: Admission) {
     let cache_dev = Arc::new(CrashDevice::new("cache", 16 << 20));
     let backing = Arc::new(CrashDevice::new("backing", BACKING));
     let hot_sectors = HOT_LINES as usize * SECTORS_PER_LINE;
@@ -1075,7 +1079,9 @@ fn randomized_run(mode: CacheMode, switch_modes: bool) {
     }
     backing.write_at(&seed, 0).expect("seed");
     backing.flush().expect("seed flush");
+    ADMISSION.with(|a| a.set(admission));
     format_dev(&*cache_dev, LINE, mode, BACKING, 0);
+    ADMISSION.with(|a| a.set(Admission::Always));
     let slow = Arc::new(DiskOf {
         dev: backing.clone(),
         read_delay: Duration::from_micros(300),
@@ -1156,7 +1162,7 @@ fn randomized_run(mode: CacheMode, switch_modes: bool) {
         "the run did some work ({ops} operations)"
     );
     eprintln!(
-        "{mode:?} (mode switches: {switch_modes}): {ops} operations, {} read misses, {} read \
+        "{mode:?} ({admission:?}, mode switches: {switch_modes}): {ops} operations, {} read misses, {} read \
          hits, {} bytes from the disk",
         counter(&vol, "read_misses"),
         counter(&vol, "read_hits"),
@@ -1194,6 +1200,16 @@ fn randomized_write_through_against_a_model() {
 #[test]
 fn randomized_write_around_against_a_model() {
     randomized_run(CacheMode::WriteAround, false);
+}
+
+#[test]
+fn randomized_write_back_two_hit_admission_against_a_model() {
+    randomized_run_admitting(CacheMode::WriteBack, false, Admission::NHit(2));
+}
+
+#[test]
+fn randomized_write_through_three_hit_admission_against_a_model() {
+    randomized_run_admitting(CacheMode::WriteThrough, false, Admission::NHit(3));
 }
 
 #[test]
