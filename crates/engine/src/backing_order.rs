@@ -51,8 +51,9 @@ struct Pending {
     range: (u64, u64),
     /// A write to an overlapping range began after this one: its fill must not happen.
     superseded: bool,
-    /// A read miss's (rule 3), not a write-through write's.
-    read: bool,
+    /// A read miss that will cache the whole line (rule 3): a second miss of the line waits
+    /// for it. (Not a write-through write's fill, nor a miss that caches nothing.)
+    caches_line: bool,
 }
 
 fn overlaps((s1, e1): (u64, u64), (s2, e2): (u64, u64)) -> bool {
@@ -105,7 +106,7 @@ impl PendingFill<'_> {
             .position(|p| p.id == self.id)
             .map(|i| state.pending_fills.swap_remove(i));
         drop(state);
-        if ended.as_ref().is_some_and(|p| p.read) {
+        if ended.as_ref().is_some_and(|p| p.caches_line) {
             self.order.ended.notify_all();
         }
         ended
@@ -162,23 +163,31 @@ impl BackingOrder {
     }
 
     /// Registers a read of the disk that will use what it read only if no write overlapping
-    /// the range begins from now on (rule 3). The caller holds the range's lines, so no write
-    /// of it can begin before this.
-    pub fn begin_read_then_fill(&self, offset: u64, len: u64) -> PendingFill<'_> {
-        self.register_fill(byte_range(offset, len), true)
+    /// the range begins from now on (rule 3); `caches_line`: it will cache what it read, so a
+    /// second miss of the range should wait for it. The caller holds the range's lines, so no
+    /// write of it can begin before this.
+    pub fn begin_read_then_fill(
+        &self,
+        offset: u64,
+        len: u64,
+        caches_line: bool,
+    ) -> PendingFill<'_> {
+        self.register_fill(byte_range(offset, len), caches_line)
     }
 
-    /// Whether a read miss (rule 3) of an overlapping range has not yet used what it read.
+    /// Whether a read miss (rule 3) that will cache an overlapping range has not yet used what
+    /// it read.
     pub fn read_in_flight(&self, offset: u64, len: u64) -> bool {
         let range = byte_range(offset, len);
         self.state()
             .pending_fills
             .iter()
-            .any(|p| p.read && overlaps(p.range, range))
+            .any(|p| p.caches_line && overlaps(p.range, range))
     }
 
-    /// Waits until every read miss (rule 3) of an overlapping range has used what it read. A
-    /// read miss needs no lock to get there but its line, which the caller must not hold.
+    /// Waits until every read miss (rule 3) that will cache an overlapping range has used what
+    /// it read. A read miss needs no lock to get there but its line, which the caller must not
+    /// hold.
     pub fn wait_for_reads(&self, offset: u64, len: u64) {
         let range = byte_range(offset, len);
         let state = self.state();
@@ -187,13 +196,13 @@ impl BackingOrder {
                 .wait_while(state, |s| {
                     s.pending_fills
                         .iter()
-                        .any(|p| p.read && overlaps(p.range, range))
+                        .any(|p| p.caches_line && overlaps(p.range, range))
                 })
                 .unwrap_or_else(|p| p.into_inner()),
         );
     }
 
-    fn register_fill(&self, range: (u64, u64), read: bool) -> PendingFill<'_> {
+    fn register_fill(&self, range: (u64, u64), caches_line: bool) -> PendingFill<'_> {
         let mut state = self.state();
         let id = state.next_fill;
         state.next_fill += 1;
@@ -201,7 +210,7 @@ impl BackingOrder {
             id,
             range,
             superseded: false,
-            read,
+            caches_line,
         });
         PendingFill { order: self, id }
     }
@@ -267,15 +276,15 @@ mod tests {
     fn a_write_beginning_during_a_read_supersedes_it_and_an_earlier_one_does_not() {
         let order = BackingOrder::new();
         drop(order.begin_write(0, 4096));
-        let read = order.begin_read_then_fill(0, 65536);
+        let read = order.begin_read_then_fill(0, 65536, true);
         assert!(
             read.finish(),
             "a write that ended before the read does not count"
         );
-        let read = order.begin_read_then_fill(0, 65536);
+        let read = order.begin_read_then_fill(0, 65536, true);
         drop(order.begin_write(65536, 4096));
         assert!(read.finish(), "a write of another line does not count");
-        let read = order.begin_read_then_fill(0, 65536);
+        let read = order.begin_read_then_fill(0, 65536, true);
         drop(order.begin_write(8192, 4096));
         assert!(
             !read.finish(),

@@ -79,6 +79,12 @@ pub struct BatchReport {
     pub extents_deferred: u64,
 }
 
+/// A drain whose writebacks clients pass over (they change the lines meanwhile, nothing fails)
+/// pauses this long between tries ...
+const DRAIN_BUSY_PAUSE: Duration = Duration::from_millis(10);
+/// ... and gives up after this many tries in a row (30 s of pauses).
+const DRAIN_BUSY_ROUNDS: u32 = 3000;
+
 /// The state a cache keeps for its cleaner thread.
 #[derive(Default)]
 pub(crate) struct CleanerState {
@@ -782,6 +788,7 @@ impl Cache {
             }
         }
         let mut stuck_rounds = 0;
+        let mut busy_rounds = 0;
         loop {
             let left = self.dirty_bytes();
             if left == 0 || !progress(left) {
@@ -789,11 +796,27 @@ impl Cache {
             }
             let r = self.clean_batch(cfg, cfg.max_in_flight, Select::All)?;
             if r.lines_cleaned == 0 {
-                stuck_rounds += 1;
                 let damaged = self.damaged_ranges();
                 if !damaged.is_empty() {
                     return Err(EngineError::DataDamaged(describe_damage(&damaged)));
                 }
+                if r.extents_failed == 0 {
+                    // Nothing failed: clients changed the lines (or used the disk) while
+                    // each writeback ran, which passes it over. Try again after a pause, for
+                    // a bounded time.
+                    busy_rounds += 1;
+                    if busy_rounds > DRAIN_BUSY_ROUNDS {
+                        return Err(EngineError::Format(format!(
+                            "{left} dirty bytes could not be written back: clients changed \
+                             their lines during every try for {} s; stop writes to the volume \
+                             (or switch it to write-through) and retry",
+                            (DRAIN_BUSY_PAUSE * DRAIN_BUSY_ROUNDS).as_secs()
+                        )));
+                    }
+                    std::thread::sleep(DRAIN_BUSY_PAUSE);
+                    continue;
+                }
+                stuck_rounds += 1;
                 if stuck_rounds > 3 {
                     return Err(EngineError::Format(format!(
                         "{} dirty bytes cannot be written back ({} extents failed in the last \
@@ -803,6 +826,7 @@ impl Cache {
                 }
             } else {
                 stuck_rounds = 0;
+                busy_rounds = 0;
             }
         }
     }

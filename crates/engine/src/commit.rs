@@ -86,12 +86,19 @@ impl Backing {
     }
 
     /// A client read miss that reads the device without its line and uses what it read only
-    /// if no write of `[offset, offset + len)` began meanwhile (`backing_order.rs`, rule 3).
-    pub fn begin_read_then_fill(&self, offset: u64, len: u64) -> PendingFill<'_> {
-        self.order.begin_read_then_fill(offset, len)
+    /// if no write of `[offset, offset + len)` began meanwhile (`backing_order.rs`, rule 3);
+    /// `caches_line`: it will cache the line, so a second miss of it waits for this one.
+    pub fn begin_read_then_fill(
+        &self,
+        offset: u64,
+        len: u64,
+        caches_line: bool,
+    ) -> PendingFill<'_> {
+        self.order.begin_read_then_fill(offset, len, caches_line)
     }
 
-    /// Whether a read miss of `[offset, offset + len)` is reading the device without its line.
+    /// Whether a read miss that will cache `[offset, offset + len)` is reading the device
+    /// without its line.
     pub fn read_in_flight(&self, offset: u64, len: u64) -> bool {
         self.order.read_in_flight(offset, len)
     }

@@ -647,7 +647,7 @@ impl Volume {
         };
         let current = self
             .backing()
-            .begin_read_then_fill(whole.offset, whole.len as u64);
+            .begin_read_then_fill(at, len as u64, fill == Fill::Everything);
         drop(held);
         // Allocated per miss, not kept per thread (as `read_missing_partial_line`).
         let mut data = AlignedBuf::zeroed(len);

@@ -839,8 +839,8 @@ fn batched_reads_of_the_line_during_the_miss() {
 }
 
 /// 2-hit admission: the first miss is not admitted and reads only its request; a write-through
-/// write of the line lands while it is held; a second miss of another sector of the line waits
-/// for it and is the admitted one (the line is read whole once, by the second); a third read
+/// write of another sector of the line lands while it is held; a second miss of another sector
+/// of the line (which does not wait for a miss that caches nothing) is the admitted one (the line is read whole once, by the second); a third read
 /// of the line is a hit on it.
 #[test]
 fn two_hit_admission_first_miss_not_admitted_during_writes() {
@@ -866,17 +866,29 @@ fn two_hit_admission_first_miss_not_admitted_during_writes() {
         .expect("second ok");
     assert_eq!(first, rig.old[sector(0)]);
     assert_eq!(second, rig.old[sector(6)]);
-    assert_eq!(counter(&rig.vol, "read_misses"), 2, "two misses");
-    assert_eq!(counter(&rig.vol, "read_hits"), 0);
+    // The second miss cached the whole line before the first took its line again, so the
+    // first may be served from the cache (a hit: the cache holds what the disk does).
+    let (misses, hits) = (
+        counter(&rig.vol, "read_misses"),
+        counter(&rig.vol, "read_hits"),
+    );
+    assert!(
+        misses >= 1 && misses + hits == 2,
+        "{misses} misses, {hits} hits"
+    );
     let read = counter(&rig.vol, "bytes_from_backing") - from_disk;
-    // The first miss read its sector, and again holding the line (the write of the line
-    // began during its read); the second (admitted) read the line.
-    assert_eq!(read, 2 * SECTOR as u64 + LINE);
+    // The first miss (not admitted) read just its sector, once: the write of another sector
+    // of the line does not overlap what it read; the second (admitted) read the line.
+    assert_eq!(read, SECTOR as u64 + LINE);
     assert_eq!(
         read_vol(&rig.vol, 9 * SECTOR as u64, SECTOR),
         rig.old[sector(9)]
     );
-    assert_eq!(counter(&rig.vol, "read_hits"), 1, "the line was cached");
+    assert_eq!(
+        counter(&rig.vol, "read_hits"),
+        hits + 1,
+        "the line was cached"
+    );
     let mut expected = rig.old.clone();
     expected[sector(3)].copy_from_slice(&third);
     assert_eq!(read_vol(&rig.vol, 0, LINE as usize), expected);
