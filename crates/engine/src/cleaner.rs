@@ -800,7 +800,7 @@ impl Cache {
                 if !damaged.is_empty() {
                     return Err(EngineError::DataDamaged(describe_damage(&damaged)));
                 }
-                if r.extents_failed == 0 {
+                if r.extents_failed == 0 && r.extents_skipped + r.extents_deferred > 0 {
                     // Nothing failed: clients changed the lines (or used the disk) while
                     // each writeback ran, which passes it over. Try again after a pause, for
                     // a bounded time.
