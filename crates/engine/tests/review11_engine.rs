@@ -66,12 +66,21 @@ fn r11_1_two_batches_land_older_data_over_a_line_recorded_clean() {
     );
     // A client overwrites the line in the cache while the older data is in flight.
     vol.write(0, &newer, false).expect("overwrite in the cache");
-    // A second batch (a drain beside the cleaner thread) writes the newer data back.
+    // A second batch (a drain beside the cleaner thread) writes the newer data back. It waits
+    // for the first batch's write of the line (backing order), so the gate opens by itself
+    // after a moment instead of at the gate's 30 s limit.
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            gate.release();
+        })
+    };
     let second = cache
         .clean_batch(&CleanerConfig::default(), 1, Select::Coldest)
         .expect("second batch");
     assert_eq!(second.lines_cleaned, 1, "the second batch cleaned the line");
-    gate.release();
+    opener.join().expect("gate opener thread");
     first_batch
         .join()
         .expect("first batch thread")
