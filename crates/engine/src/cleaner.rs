@@ -99,9 +99,18 @@ pub(crate) struct CleanerState {
 
 /// How a batch's writes share the backing device with clients.
 #[derive(Debug, Clone, Copy)]
+///
+/// Every pace but `ToTheEnd` belongs to the cleaner thread, and its batch ends early when the
+/// cleaner is stopped (the daemon's stop): the writes in flight finish, no further one starts,
+/// and the rest stays dirty in place (`Outcome::Deferred`), so a stop never waits for thousands
+/// of scattered writes at the disk's speed.
 enum Pace {
-    /// Every write at the batch's depth, to the end (`ssdcache flush`, drains).
+    /// Every write at the batch's depth, to the end (`Cache::drain`, `set_mode` in the caller's
+    /// thread).
     ToTheEnd,
+    /// Every write at the batch's depth until the cleaner is stopped (`ssdcache flush` through
+    /// the daemon).
+    Flush,
     /// At the batch's depth while no client has used the backing device for this long; from
     /// the first client request on, no further write starts and the batch ends with what it
     /// wrote (the writes in flight finish).
@@ -146,8 +155,8 @@ enum Outcome {
     Skipped,
     Failed,
     /// Not begun: the batch began at full depth on an idle backing device, and a client used
-    /// the device since (`Pace::WhileIdle`). The lines stay dirty where they are, for a later
-    /// batch.
+    /// the device since (`Pace::WhileIdle`), or the cleaner was stopped. The lines stay dirty
+    /// where they are, for a later batch.
     Deferred,
 }
 
@@ -351,6 +360,9 @@ impl Cache {
         // batch's remaining lines wait for a trickled one rather than resume at full depth).
         let client_came = AtomicBool::new(false);
         in_parallel(extents, depth, |extent| {
+            if !matches!(pace, Pace::ToTheEnd) && self.cleaner.stop.load(Ordering::Acquire) {
+                return Outcome::Deferred;
+            }
             if let Pace::WhileIdle(idle_after) = pace {
                 if client_came.load(Ordering::Acquire)
                     || self.core().backing_idle_for() < idle_after
@@ -732,7 +744,7 @@ impl Cache {
             // random writes at 0.58x the bare disk; issue 11).
             let idle = self.core().backing_idle_for() >= cfg.idle_after;
             let (depth, batch, pace) = if draining {
-                (cfg.max_in_flight, cfg.batch_lines, Pace::ToTheEnd)
+                (cfg.max_in_flight, cfg.batch_lines, Pace::Flush)
             } else if idle {
                 (
                     cfg.max_in_flight,
