@@ -74,8 +74,8 @@ pub struct BatchReport {
     /// Extents skipped because a client changed them meanwhile, or that failed.
     pub extents_skipped: u64,
     pub extents_failed: u64,
-    /// Extents not begun because a client used the backing device meanwhile (they stay dirty
-    /// for a later batch).
+    /// Extents not begun because a client used the backing device meanwhile, or because the
+    /// cleaner was stopped (they stay dirty for a later batch).
     pub extents_deferred: u64,
 }
 
@@ -708,6 +708,19 @@ impl Cache {
         self.cleaner.draining.load(Ordering::Acquire)
     }
 
+    /// Sleeps for `pause`, in 20 ms steps, returning early once the cleaner is stopped: a
+    /// stop never waits out a retry pause.
+    fn pause_unless_stopped(&self, pause: Duration) {
+        let until = Instant::now() + pause;
+        while !self.cleaner.stop.load(Ordering::Acquire) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(20)));
+        }
+    }
+
     fn cleaner_loop(&self, cfg: &CleanerConfig) {
         let line_count = self.layout().line_count.max(1) as f64;
         let mut above_high = false;
@@ -778,7 +791,7 @@ impl Cache {
                 }
                 Err(e) => {
                     tracing::warn!("writeback batch failed, retrying in 1 s: {e}");
-                    std::thread::sleep(Duration::from_secs(1));
+                    self.pause_unless_stopped(Duration::from_secs(1));
                 }
             }
         }

@@ -109,19 +109,29 @@ fn scene(cfg: &CleanerConfig) -> Scene {
     });
     // A client now uses the disk every 10 ms (zeroing above the dirty region).
     let client_stop = Arc::new(AtomicBool::new(false));
+    let client_began = Arc::new(AtomicBool::new(false));
     let client = {
         let stop = client_stop.clone();
+        let began_flag = client_began.clone();
         std::thread::spawn(move || {
             let mut i = 0u64;
             let began = Instant::now();
             while !stop.load(Ordering::SeqCst) && began.elapsed() < Duration::from_secs(30) {
                 vol.write_zeroes(CLIENT_REGION + (i % 256) * SECTOR, SECTOR, false)
                     .expect("client write_zeroes");
+                began_flag.store(true, Ordering::SeqCst);
                 i += 1;
                 std::thread::sleep(Duration::from_millis(10));
             }
         })
     };
+    // Counted from the client's first use of the disk (on a loaded machine its thread may
+    // start late, and until then the batch rightly runs at full depth).
+    wait_for(
+        "the client's first disk write",
+        Duration::from_secs(5),
+        || client_began.load(Ordering::SeqCst),
+    );
     let writes_at_client_start = disk.cleaner_writes.load(Ordering::SeqCst);
     Scene {
         mem,
