@@ -1,5 +1,5 @@
 //! Devices that stand in for real ones: in memory, crash-simulating and fault-injecting,
-//! recording, gated, and the hard-drive timing model. Tests, the crash simulator and the
+//! recording, gated, slow to write, and the hard-drive timing model. Tests, the crash simulator and the
 //! benchmarks use them; of the daemon, only `serve --emulate-hdd` and `hdd-emulator` do (the
 //! HDD model). The production device code (files and block devices, the [`BlockDevice`]
 //! trait) lives in `ssdcache-device`, which knows nothing of this crate.
@@ -11,8 +11,10 @@ mod gate;
 pub mod hdd;
 mod memory;
 mod recording;
+mod slow;
 
 pub use crash::{CrashClock, CrashDevice, CrashState, Keep, OpKind, OpRecord};
 pub use gate::{GateDevice, GATE_LIMIT};
 pub use memory::MemDevice;
 pub use recording::{Op, RecordingDevice, SharedOpLog};
+pub use slow::SlowWriteDevice;

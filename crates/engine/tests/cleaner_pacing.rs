@@ -11,13 +11,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{data, format_dev, open_dyn, wait_for, MIB};
 use ssdcache_device::BlockDevice;
-use ssdcache_devsim::MemDevice;
+use ssdcache_devsim::{MemDevice, SlowWriteDevice};
 use ssdcache_engine::CleanerConfig;
 use ssdcache_format::CacheMode;
 
@@ -28,52 +28,11 @@ const BACKING: u64 = 64 * MIB;
 const CLIENT_REGION: u64 = 32 * MIB;
 const DIRTY_LINES: u64 = 150;
 
-/// A backing device whose writes below `CLIENT_REGION` (the cleaner's) take 5 ms each and
-/// are counted.
-struct SlowDisk {
-    inner: Arc<MemDevice>,
-    cleaner_writes: AtomicU64,
-    /// Where each of the cleaner's writes went, in the order they began.
-    cleaner_offsets: Mutex<Vec<u64>>,
-}
-
-impl BlockDevice for SlowDisk {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        if offset < CLIENT_REGION {
-            self.cleaner_offsets
-                .lock()
-                .expect("offsets lock")
-                .push(offset);
-            std::thread::sleep(Duration::from_millis(5));
-            self.cleaner_writes.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
 /// Dirty lines written, the cleaner started on an idle disk with `cfg`, and a client that
 /// uses the disk every 10 ms from the cleaner's first write on until `stop` is set.
 struct Scene {
     mem: Arc<MemDevice>,
-    disk: Arc<SlowDisk>,
+    disk: Arc<SlowWriteDevice>,
     cache: Arc<ssdcache_engine::Cache>,
     client_stop: Arc<AtomicBool>,
     client: std::thread::JoinHandle<()>,
@@ -85,13 +44,17 @@ fn sector_of(i: u64) -> u64 {
     2 * i * LINE + (i % 16) * SECTOR
 }
 
-fn scene(cfg: &CleanerConfig) -> Scene {
+/// `DIRTY_LINES` dirty lines in a write-back cache over a backing device whose writes below
+/// `CLIENT_REGION` (the cleaner's) take 5 ms each and are counted.
+fn dirty_cache() -> (
+    Arc<MemDevice>,
+    Arc<SlowWriteDevice>,
+    Arc<ssdcache_engine::Cache>,
+) {
     let mem = Arc::new(MemDevice::new("backing", BACKING));
-    let disk = Arc::new(SlowDisk {
-        inner: mem.clone(),
-        cleaner_writes: AtomicU64::new(0),
-        cleaner_offsets: Mutex::new(Vec::new()),
-    });
+    let disk = Arc::new(
+        SlowWriteDevice::new(mem.clone(), Duration::from_millis(5)).slow_below(CLIENT_REGION),
+    );
     let cache_dev = Arc::new(MemDevice::new("cache", 24 * MIB));
     format_dev(&*cache_dev, LINE, CacheMode::WriteBack, BACKING, 0);
     let (cache, _) = open_dyn(cache_dev, disk.clone());
@@ -101,11 +64,17 @@ fn scene(cfg: &CleanerConfig) -> Scene {
         vol.write(sector_of(i), &data(i + 1, SECTOR as usize), false)
             .expect("write-back write");
     }
+    (mem, disk, cache)
+}
+
+fn scene(cfg: &CleanerConfig) -> Scene {
+    let (mem, disk, cache) = dirty_cache();
+    let vol = cache.volumes()[0].clone();
     // No client has used the disk since the cache opened: the first batch runs at full depth.
     std::thread::sleep(cfg.idle_after + Duration::from_millis(50));
     cache.start_cleaner(cfg.clone());
     wait_for("the cleaner's first write", Duration::from_secs(5), || {
-        disk.cleaner_writes.load(Ordering::SeqCst) >= 1
+        disk.slow_writes() >= 1
     });
     // A client now uses the disk every 10 ms (zeroing above the dirty region).
     let client_stop = Arc::new(AtomicBool::new(false));
@@ -132,7 +101,7 @@ fn scene(cfg: &CleanerConfig) -> Scene {
         Duration::from_secs(5),
         || client_began.load(Ordering::SeqCst),
     );
-    let writes_at_client_start = disk.cleaner_writes.load(Ordering::SeqCst);
+    let writes_at_client_start = disk.slow_writes();
     Scene {
         mem,
         disk,
@@ -188,7 +157,7 @@ fn a_full_depth_batch_stops_when_a_client_uses_the_disk() {
     let scene = scene(&cfg);
     let window = Instant::now();
     std::thread::sleep(Duration::from_millis(600));
-    let during = scene.disk.cleaner_writes.load(Ordering::SeqCst) - scene.writes_at_client_start;
+    let during = scene.disk.slow_writes() - scene.writes_at_client_start;
     // The writes already in flight (4) finish; then the trickle: one write, a 100 ms pause.
     // Counted against the time that really passed (a loaded machine oversleeps), plus the
     // trickle's write under way at each end of the window.
@@ -220,9 +189,9 @@ fn the_sweep_resumes_at_the_first_line_a_stopped_batch_left() {
     let scene = scene(&cfg);
     let started = scene.writes_at_client_start as usize;
     wait_for("the trickle's writes", Duration::from_secs(10), || {
-        scene.disk.cleaner_offsets.lock().expect("offsets").len() >= started + 4 + 2
+        scene.disk.slow_write_offsets().len() >= started + 4 + 2
     });
-    let offsets = scene.disk.cleaner_offsets.lock().expect("offsets").clone();
+    let offsets = scene.disk.slow_write_offsets();
     // Past the writes in flight when the client came, the trickle's first write.
     let trickled = offsets[started + 4];
     assert!(
@@ -239,21 +208,8 @@ fn the_sweep_resumes_at_the_first_line_a_stopped_batch_left() {
 /// speed: `bench/run --quick` saw a write-back server ignore SIGTERM for 10 s and killed it).
 #[test]
 fn stopping_the_cleaner_ends_its_batch_without_writing_the_rest() {
-    let mem = Arc::new(MemDevice::new("backing", BACKING));
-    let disk = Arc::new(SlowDisk {
-        inner: mem.clone(),
-        cleaner_writes: AtomicU64::new(0),
-        cleaner_offsets: Mutex::new(Vec::new()),
-    });
-    let cache_dev = Arc::new(MemDevice::new("cache", 24 * MIB));
-    format_dev(&*cache_dev, LINE, CacheMode::WriteBack, BACKING, 0);
-    let (cache, _) = open_dyn(cache_dev, disk.clone());
-    let cache = Arc::new(cache);
+    let (mem, disk, cache) = dirty_cache();
     let vol = cache.volumes()[0].clone();
-    for i in 0..DIRTY_LINES {
-        vol.write(sector_of(i), &data(i + 1, SECTOR as usize), false)
-            .expect("write-back write");
-    }
     let cfg = CleanerConfig {
         max_in_flight: 1,
         ..pacing(CleanerConfig {
@@ -265,11 +221,11 @@ fn stopping_the_cleaner_ends_its_batch_without_writing_the_rest() {
     std::thread::sleep(cfg.idle_after + Duration::from_millis(50));
     cache.start_cleaner(cfg.clone());
     wait_for("the cleaner's first write", Duration::from_secs(5), || {
-        disk.cleaner_writes.load(Ordering::SeqCst) >= 1
+        disk.slow_writes() >= 1
     });
-    let at_stop = disk.cleaner_writes.load(Ordering::SeqCst);
+    let at_stop = disk.slow_writes();
     cache.stop_cleaner();
-    let after = disk.cleaner_writes.load(Ordering::SeqCst);
+    let after = disk.slow_writes();
     assert!(
         after <= at_stop + 1,
         "the cleaner wrote {} more lines after it was told to stop (its one write in flight \

@@ -8,13 +8,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{data, format_dev, open_dyn, wait_for};
-use ssdcache_device::BlockDevice;
-use ssdcache_devsim::CrashDevice;
+use ssdcache_devsim::{CrashDevice, SlowWriteDevice};
 use ssdcache_engine::{Cache, CleanerConfig};
 use ssdcache_format::CacheMode;
 
@@ -23,44 +21,6 @@ const LINE: u64 = 64 << 10;
 const CACHE_SIZE: u64 = 24 << 20;
 const BACKING: u64 = 64 << 20;
 const LINES: u64 = 120;
-
-/// A crash-simulating backing device whose writes take 5 ms each and are counted; its
-/// flushes can be made to fail.
-struct SlowCrash {
-    inner: Arc<CrashDevice>,
-    writes: AtomicU64,
-    fail_flush: AtomicBool,
-}
-
-impl BlockDevice for SlowCrash {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        std::thread::sleep(Duration::from_millis(5));
-        let r = self.inner.write_at(buf, offset);
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        r
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        if self.fail_flush.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("review21: flush fails"));
-        }
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
 
 /// One sector in every other line: no two lines merge into one write.
 fn sector_of(i: u64) -> u64 {
@@ -74,7 +34,7 @@ fn tag(i: u64, generation: u64) -> u64 {
 struct Rig {
     cache_dev: Arc<CrashDevice>,
     backing: Arc<CrashDevice>,
-    slow: Arc<SlowCrash>,
+    slow: Arc<SlowWriteDevice>,
     cache: Arc<Cache>,
 }
 
@@ -84,11 +44,10 @@ fn rig(generation: u64) -> Rig {
     let cache_dev = Arc::new(CrashDevice::new("cache", CACHE_SIZE));
     let backing = Arc::new(CrashDevice::new("backing", BACKING));
     format_dev(&*cache_dev, LINE, CacheMode::WriteBack, BACKING, 0);
-    let slow = Arc::new(SlowCrash {
-        inner: backing.clone(),
-        writes: AtomicU64::new(0),
-        fail_flush: AtomicBool::new(false),
-    });
+    let slow = Arc::new(SlowWriteDevice::new(
+        backing.clone(),
+        Duration::from_millis(5),
+    ));
     let (cache, _) = open_dyn(cache_dev.clone(), slow.clone());
     let cache = Arc::new(cache);
     let vol = cache.volumes()[0].clone();
@@ -174,15 +133,29 @@ fn reopen(cache_dev: Arc<CrashDevice>, backing: Arc<CrashDevice>) -> Cache {
     open_dyn(cache_dev, backing).0
 }
 
+/// A power cut: each device keeps only what it flushed, and the cache opens on what is left.
+fn power_cut(r: Rig) -> (Cache, Arc<CrashDevice>) {
+    let cache_dev = Arc::new(CrashDevice::from_image(
+        "cache",
+        r.cache_dev.durable_image(),
+    ));
+    let backing = Arc::new(CrashDevice::from_image(
+        "backing",
+        r.backing.durable_image(),
+    ));
+    drop(r);
+    (reopen(cache_dev, backing.clone()), backing)
+}
+
 /// Starts the cleaner, waits for `writes` of its backing writes, then stops it; returns the
 /// writes at the stop's start and after it.
 fn stop_after(r: &Rig, cfg: CleanerConfig, writes: u64) -> (u64, u64) {
     std::thread::sleep(Duration::from_millis(60));
     r.cache.start_cleaner(cfg);
     wait_for("the cleaner's writes", Duration::from_secs(10), || {
-        r.slow.writes.load(Ordering::SeqCst) >= writes
+        r.slow.slow_writes() >= writes
     });
-    let at_stop = r.slow.writes.load(Ordering::SeqCst);
+    let at_stop = r.slow.slow_writes();
     let began = Instant::now();
     r.cache.stop_cleaner();
     assert!(
@@ -190,7 +163,7 @@ fn stop_after(r: &Rig, cfg: CleanerConfig, writes: u64) -> (u64, u64) {
         "the stop took {:?}",
         began.elapsed()
     );
-    (at_stop, r.slow.writes.load(Ordering::SeqCst))
+    (at_stop, r.slow.slow_writes())
 }
 
 /// `ssdcache flush` (the cleaner thread's `Pace::Flush`, 4 in flight) stopped part way, then a
@@ -211,16 +184,7 @@ fn flush_stopped_then_clean_restart_keeps_every_line() {
     assert_reads(&r.cache, 1, "after the stop");
     r.cache.shutdown().expect("checkpoint");
     let durable = lines_on(&r.backing.durable_image(), 1);
-    let cache_dev = Arc::new(CrashDevice::from_image(
-        "cache",
-        r.cache_dev.durable_image(),
-    ));
-    let backing = Arc::new(CrashDevice::from_image(
-        "backing",
-        r.backing.durable_image(),
-    ));
-    drop(r);
-    let cache = reopen(cache_dev, backing.clone());
+    let (cache, backing) = power_cut(r);
     assert_missing_lines_dirty(&cache, &durable, "clean restart");
     assert_reads(&cache, 1, "clean restart");
     drain_and_check(&cache, &backing, 1, "clean restart");
@@ -236,16 +200,7 @@ fn flush_stopped_then_journal_replay_keeps_every_line() {
     assert!(r.cache.dirty_lines() > 0, "the whole flush was written");
     r.cache.commit().expect("journal commit");
     let durable = lines_on(&r.backing.durable_image(), 2);
-    let cache_dev = Arc::new(CrashDevice::from_image(
-        "cache",
-        r.cache_dev.durable_image(),
-    ));
-    let backing = Arc::new(CrashDevice::from_image(
-        "backing",
-        r.backing.durable_image(),
-    ));
-    drop(r);
-    let cache = reopen(cache_dev, backing.clone());
+    let (cache, backing) = power_cut(r);
     assert_missing_lines_dirty(&cache, &durable, "journal replay");
     assert_reads(&cache, 2, "journal replay");
     drain_and_check(&cache, &backing, 2, "journal replay");
@@ -257,7 +212,7 @@ fn flush_stopped_then_journal_replay_keeps_every_line() {
 #[test]
 fn stop_with_a_failing_backing_flush_records_nothing_clean() {
     let r = rig(3);
-    r.slow.fail_flush.store(true, Ordering::SeqCst);
+    r.slow.fail_flush(true);
     r.cache.request_drain(true);
     let (at_stop, _) = stop_after(&r, eager(2), 4);
     assert!(at_stop >= 4);
@@ -274,16 +229,7 @@ fn stop_with_a_failing_backing_flush_records_nothing_clean() {
         "a checkpoint after a failed backing flush"
     );
     r.cache.commit().ok();
-    let cache_dev = Arc::new(CrashDevice::from_image(
-        "cache",
-        r.cache_dev.durable_image(),
-    ));
-    let backing = Arc::new(CrashDevice::from_image(
-        "backing",
-        r.backing.durable_image(),
-    ));
-    drop(r);
-    let cache = reopen(cache_dev, backing.clone());
+    let (cache, backing) = power_cut(r);
     assert_eq!(cache.dirty_lines(), LINES, "after the restart");
     assert_reads(&cache, 3, "failing flush, clean restart");
     drain_and_check(&cache, &backing, 3, "failing flush, clean restart");
@@ -299,7 +245,7 @@ fn a_drain_in_another_thread_is_not_cut_short_by_the_stop() {
     std::thread::sleep(Duration::from_millis(60));
     r.cache.start_cleaner(eager(2));
     wait_for("the cleaner's writes", Duration::from_secs(10), || {
-        r.slow.writes.load(Ordering::SeqCst) >= 2
+        r.slow.slow_writes() >= 2
     });
     let cache = r.cache.clone();
     let drainer = std::thread::spawn(move || {
@@ -325,7 +271,7 @@ fn set_mode_during_the_stop_completes() {
     std::thread::sleep(Duration::from_millis(60));
     r.cache.start_cleaner(eager(2));
     wait_for("the cleaner's writes", Duration::from_secs(10), || {
-        r.slow.writes.load(Ordering::SeqCst) >= 2
+        r.slow.slow_writes() >= 2
     });
     let cache = r.cache.clone();
     let switcher = std::thread::spawn(move || {
@@ -366,12 +312,12 @@ fn a_restarted_cleaner_finishes_the_cut_flush() {
             )
             .expect("write");
         }
-        let before = r.slow.writes.load(Ordering::SeqCst);
+        let before = r.slow.slow_writes();
         r.cache.request_drain(true);
         std::thread::sleep(Duration::from_millis(30));
         r.cache.start_cleaner(eager(4));
         wait_for("writes", Duration::from_secs(10), || {
-            r.slow.writes.load(Ordering::SeqCst) >= before + 4
+            r.slow.slow_writes() >= before + 4
         });
         let t = Instant::now();
         r.cache.stop_cleaner();
@@ -407,7 +353,7 @@ fn trickle_stopped_with_overwrites_keeps_the_newest_data() {
     };
     r.cache.start_cleaner(cfg.clone());
     wait_for("the trickle's writes", Duration::from_secs(10), || {
-        r.slow.writes.load(Ordering::SeqCst) >= 3
+        r.slow.slow_writes() >= 3
     });
     // Overwrite every line with a newer generation while the batch runs, then stop.
     let vol = r.cache.volumes()[0].clone();
@@ -418,16 +364,7 @@ fn trickle_stopped_with_overwrites_keeps_the_newest_data() {
     r.cache.stop_cleaner();
     assert_reads(&r.cache, 9, "after the stop");
     r.cache.shutdown().expect("checkpoint");
-    let cache_dev = Arc::new(CrashDevice::from_image(
-        "cache",
-        r.cache_dev.durable_image(),
-    ));
-    let backing = Arc::new(CrashDevice::from_image(
-        "backing",
-        r.backing.durable_image(),
-    ));
-    drop(r);
-    let cache = reopen(cache_dev, backing.clone());
+    let (cache, backing) = power_cut(r);
     assert_reads(&cache, 9, "clean restart");
     drain_and_check(&cache, &backing, 9, "clean restart");
 }
@@ -451,28 +388,19 @@ fn a_drain_racing_the_checkpoint_leaves_a_consistent_cache() {
         cache.drain(&cfg, &mut |_| true)
     });
     wait_for("the drain's writes", Duration::from_secs(10), || {
-        r.slow.writes.load(Ordering::SeqCst) >= 10
+        r.slow.slow_writes() >= 10
     });
     r.cache.stop_cleaner();
     r.cache.shutdown().expect("checkpoint");
-    let at_checkpoint = r.slow.writes.load(Ordering::SeqCst);
+    let at_checkpoint = r.slow.slow_writes();
     let drained = drainer.join().expect("drainer");
     assert!(
-        r.slow.writes.load(Ordering::SeqCst) > at_checkpoint,
+        r.slow.slow_writes() > at_checkpoint,
         "the drain did not run past the checkpoint (the race was not exercised)"
     );
     eprintln!("drain after the checkpoint: {drained:?}");
     let durable = lines_on(&r.backing.durable_image(), 10);
-    let cache_dev = Arc::new(CrashDevice::from_image(
-        "cache",
-        r.cache_dev.durable_image(),
-    ));
-    let backing = Arc::new(CrashDevice::from_image(
-        "backing",
-        r.backing.durable_image(),
-    ));
-    drop(r);
-    let cache = reopen(cache_dev, backing.clone());
+    let (cache, backing) = power_cut(r);
     assert_missing_lines_dirty(&cache, &durable, "drain past the checkpoint");
     assert_reads(
         &cache,
@@ -488,7 +416,7 @@ fn a_drain_racing_the_checkpoint_leaves_a_consistent_cache() {
 #[test]
 fn a_stop_after_a_failed_batch_does_not_wait_out_the_retry_pause() {
     let r = rig(11);
-    r.slow.fail_flush.store(true, Ordering::SeqCst);
+    r.slow.fail_flush(true);
     r.cache.request_drain(true);
     std::thread::sleep(Duration::from_millis(60));
     r.cache.start_cleaner(CleanerConfig {
@@ -496,7 +424,7 @@ fn a_stop_after_a_failed_batch_does_not_wait_out_the_retry_pause() {
         ..eager(1)
     });
     wait_for("the first batch's writes", Duration::from_secs(10), || {
-        r.slow.writes.load(Ordering::SeqCst) >= 4
+        r.slow.slow_writes() >= 4
     });
     std::thread::sleep(Duration::from_millis(50));
     let t = Instant::now();
@@ -518,7 +446,7 @@ fn flush_stopped_amid_overwrites_then_power_cut_keeps_the_newest_data() {
     std::thread::sleep(Duration::from_millis(60));
     r.cache.start_cleaner(eager(4));
     wait_for("the flush's writes", Duration::from_secs(10), || {
-        r.slow.writes.load(Ordering::SeqCst) >= 4
+        r.slow.slow_writes() >= 4
     });
     let vol = r.cache.volumes()[0].clone();
     for i in (0..LINES).rev() {
