@@ -1,7 +1,7 @@
 //! Devices that stand in for real ones: in memory, crash-simulating and fault-injecting,
-//! recording, gated, slow to write, and the hard-drive timing model. Tests, the crash simulator and the
-//! benchmarks use them; of the daemon, only `serve --emulate-hdd` and `hdd-emulator` do (the
-//! HDD model). The production device code (files and block devices, the [`BlockDevice`]
+//! recording, gated, slow to write, and the hard-drive timing model. Tests, the crash
+//! simulator and the benchmarks use them; of the daemon, only `serve --emulate-hdd` and
+//! `hdd-emulator` do (the HDD model). The production device code (files and block devices, the [`BlockDevice`]
 //! trait) lives in `ssdcache-device`, which knows nothing of this crate.
 //!
 //! [`BlockDevice`]: ssdcache_device::BlockDevice

@@ -98,12 +98,12 @@ pub(crate) struct CleanerState {
 }
 
 /// How a batch's writes share the backing device with clients.
-#[derive(Debug, Clone, Copy)]
 ///
 /// Every pace but `ToTheEnd` belongs to the cleaner thread, and its batch ends early when the
 /// cleaner is stopped (the daemon's stop): the writes in flight finish, no further one starts,
 /// and the rest stays dirty in place (`Outcome::Deferred`), so a stop never waits for thousands
 /// of scattered writes at the disk's speed.
+#[derive(Debug, Clone, Copy)]
 enum Pace {
     /// Every write at the batch's depth, to the end (`Cache::drain`, `set_mode` in the caller's
     /// thread).
