@@ -925,8 +925,7 @@ impl Volume {
             let at = (seg.offset - whole.offset) as usize;
             buf.copy_from_slice(&scratch[at..at + seg.len]);
             self.fill(&whole, &scratch)?;
-        }
-        if !filled {
+        } else {
             self.read_backing(buf, seg.offset)?;
             self.overlay_cached(seg.offset, buf)?;
         }

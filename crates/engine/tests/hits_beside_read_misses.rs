@@ -108,46 +108,58 @@ fn write_back_a_hit_on_the_same_line_does_not_wait_for_a_read_miss() {
     hit_beside_a_held_read_miss(CacheMode::WriteBack);
 }
 
+impl PartlyCached {
+    /// Reads the first sector with its disk read held at the gate, runs `meanwhile` in another
+    /// thread (which must finish while the read is held: it needs no disk read), releases the
+    /// read and returns what it got.
+    fn read_miss_held_during(&self, meanwhile: impl FnOnce() + Send + 'static) -> Vec<u8> {
+        self.gate.hold_next_read();
+        let miss = read_in_thread(&self.vol, 0, SECTOR);
+        assert!(self.gate.wait_until_held(Duration::from_secs(10)));
+        let writer = in_thread(meanwhile);
+        let wrote_meanwhile = writer.recv_timeout(LIMIT);
+        self.gate.release();
+        let missed = miss.recv_timeout(Duration::from_secs(10)).expect("miss");
+        writer_done(wrote_meanwhile, &writer);
+        missed
+    }
+
+    /// Asserts the disk holds the line with the second sector's write and `third` in the third
+    /// sector, and that a read of the whole line returns the same (`cache_says` if not).
+    fn assert_line_has_both_writes(&self, third: &[u8], cache_says: &str) {
+        let mut expected = self.old.clone();
+        expected[SECTOR..2 * SECTOR].copy_from_slice(&self.new);
+        expected[2 * SECTOR..3 * SECTOR].copy_from_slice(third);
+        assert_eq!(
+            on_disk(&self.mem, 0, LINE as usize),
+            expected,
+            "the disk has both writes"
+        );
+        let mut line = vec![0u8; LINE as usize];
+        self.vol.read(0, &mut line).expect("read the line");
+        assert_eq!(line, expected, "{cache_says}");
+    }
+}
+
 /// Write-through: while a miss is held with the line's old disk data, a write of the line's
 /// third sector lands on the disk and in the cache. The miss must not then fill the cache with
 /// the old third sector it read.
 #[test]
 fn write_through_a_write_during_a_read_miss_is_not_undone_by_its_fill() {
-    let PartlyCached {
-        mem,
-        gate,
-        vol,
-        old,
-        new,
-        ..
-    } = partly_cached_line(CacheMode::WriteThrough);
-    gate.hold_next_read();
-    let miss = read_in_thread(&vol, 0, SECTOR);
-    assert!(gate.wait_until_held(Duration::from_secs(10)));
+    let line = partly_cached_line(CacheMode::WriteThrough);
     let third = data(3, SECTOR);
-    let writer = {
-        let (vol, third) = (vol.clone(), third.clone());
-        in_thread(move || vol.write(2 * SECTOR as u64, &third, false).expect("write"))
-    };
-    let wrote_meanwhile = writer.recv_timeout(LIMIT);
-    gate.release();
-    let missed = miss.recv_timeout(Duration::from_secs(10)).expect("miss");
-    writer_done(wrote_meanwhile, &writer);
-
-    assert_eq!(missed, old[..SECTOR], "the miss returns the disk's data");
-    let mut expected = old.clone();
-    expected[SECTOR..2 * SECTOR].copy_from_slice(&new);
-    expected[2 * SECTOR..3 * SECTOR].copy_from_slice(&third);
+    let missed = line.read_miss_held_during({
+        let (vol, third) = (line.vol.clone(), third.clone());
+        move || vol.write(2 * SECTOR as u64, &third, false).expect("write")
+    });
     assert_eq!(
-        on_disk(&mem, 0, LINE as usize),
-        expected,
-        "the disk has both writes"
+        missed,
+        line.old[..SECTOR],
+        "the miss returns the disk's data"
     );
-    let mut line = vec![0u8; LINE as usize];
-    vol.read(0, &mut line).expect("read the line");
-    assert_eq!(line, expected, "the cache agrees with the disk");
+    line.assert_line_has_both_writes(&third, "the cache agrees with the disk");
     let mut sector = vec![0u8; SECTOR];
-    vol.read(2 * SECTOR as u64, &mut sector).expect("read");
+    line.vol.read(2 * SECTOR as u64, &mut sector).expect("read");
     assert_eq!(sector, third, "the third sector reads as written");
 }
 
@@ -157,44 +169,23 @@ fn write_through_a_write_during_a_read_miss_is_not_undone_by_its_fill() {
 /// so nothing lays the cache's copy over them): that would lose two acknowledged writes.
 #[test]
 fn write_back_a_writeback_during_a_read_miss_is_not_undone_by_its_fill() {
-    let PartlyCached {
-        mem,
-        gate,
-        cache,
-        vol,
-        old,
-        new,
-    } = partly_cached_line(CacheMode::WriteBack);
-    gate.hold_next_read();
-    let miss = read_in_thread(&vol, 0, SECTOR);
-    assert!(gate.wait_until_held(Duration::from_secs(10)));
+    let line = partly_cached_line(CacheMode::WriteBack);
     let third = data(3, SECTOR);
-    let cleaner = {
-        let (vol, cache, third) = (vol.clone(), cache.clone(), third.clone());
-        in_thread(move || {
+    let missed = line.read_miss_held_during({
+        let (vol, cache, third) = (line.vol.clone(), line.cache.clone(), third.clone());
+        move || {
             vol.write(2 * SECTOR as u64, &third, false).expect("write");
             cache
                 .drain(&CleanerConfig::default(), &mut |_| true)
                 .expect("drain");
-        })
-    };
-    let cleaned_meanwhile = cleaner.recv_timeout(LIMIT);
-    gate.release();
-    let missed = miss.recv_timeout(Duration::from_secs(10)).expect("miss");
-    writer_done(cleaned_meanwhile, &cleaner);
-
-    assert_eq!(missed, old[..SECTOR], "the miss returns the disk's data");
-    let mut expected = old.clone();
-    expected[SECTOR..2 * SECTOR].copy_from_slice(&new);
-    expected[2 * SECTOR..3 * SECTOR].copy_from_slice(&third);
+        }
+    });
     assert_eq!(
-        on_disk(&mem, 0, LINE as usize),
-        expected,
-        "the disk has both writes"
+        missed,
+        line.old[..SECTOR],
+        "the miss returns the disk's data"
     );
-    let mut line = vec![0u8; LINE as usize];
-    vol.read(0, &mut line).expect("read the line");
-    assert_eq!(line, expected, "the cache serves both acknowledged writes");
+    line.assert_line_has_both_writes(&third, "the cache serves both acknowledged writes");
 }
 
 /// Asserts the writer finished while the miss was held (it needs no disk read, so it must not
