@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ssdcache_device::AlignedBuf;
 use ssdcache_format::{sector_crc, CacheMode, SectorBitmap, SECTOR_SIZE};
 
-use crate::cache::{Cache, Mismatch};
+use crate::cache::{Cache, CacheCore, Mismatch};
 use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::map::{line_of, volume_of, DamagedLines, DirtyLine, DirtySweep, SweepEntry};
@@ -160,6 +160,50 @@ enum Outcome {
     Deferred,
 }
 
+/// The slots of one batch's extents being written back, watched from their read (under the
+/// lines' locks) to the batch's end, so that `MapState::mark_clean` leaves out sectors whose
+/// data changed meanwhile. Dropping it ends the watches (also when the batch ends early on an
+/// error); it must not be dropped while the map's lock is held.
+struct WritebackWatches<'a> {
+    core: &'a CacheCore,
+    batch: u64,
+    slots: Mutex<Vec<u32>>,
+}
+
+impl<'a> WritebackWatches<'a> {
+    fn new(core: &'a CacheCore) -> WritebackWatches<'a> {
+        WritebackWatches {
+            core,
+            batch: core.map().new_writeback_batch(),
+            slots: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Watches the extent's slots; called holding its lines, once its data was read.
+    fn watch(&self, extent: &Extent) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.core.map();
+        for p in &extent.parts {
+            let mut read = SectorBitmap::default();
+            for s in p.first..p.first + p.count {
+                read.set(s, true);
+            }
+            map.watch_writeback(p.line.slot, self.batch, &read);
+            slots.push(p.line.slot);
+        }
+    }
+}
+
+impl Drop for WritebackWatches<'_> {
+    fn drop(&mut self) {
+        let slots = std::mem::take(&mut *self.slots.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut map = self.core.map();
+        for slot in slots {
+            map.unwatch_writeback(slot, self.batch);
+        }
+    }
+}
+
 impl Cache {
     /// Plans and writes back one batch of dirty lines in address order, `depth` writes in
     /// flight, then flushes the backing devices, records the lines clean and commits.
@@ -187,7 +231,8 @@ impl Cache {
             return Ok(BatchReport::default());
         }
         let extents = merge_extents(&lines, self.layout().line_size, cfg.max_write);
-        let outcomes = self.write_extents(&extents, depth.max(1), pace);
+        let watches = WritebackWatches::new(self.core());
+        let outcomes = self.write_extents(&extents, depth.max(1), pace, &watches);
         let mut report = BatchReport::default();
         let mut cleaned: HashMap<u32, (DirtyLine, SectorBitmap)> = HashMap::new();
         let mut touched = vec![false; self.volumes().len()];
@@ -232,10 +277,11 @@ impl Cache {
         report.lines_cleaned = self.core().with_map(|map| {
             let mut marked = 0;
             for (line, sectors) in cleaned.values() {
-                marked += u64::from(map.mark_clean(line, sectors)?);
+                marked += u64::from(map.mark_clean(line, sectors, watches.batch)?);
             }
             Ok(marked)
         })?;
+        drop(watches);
         for (e, outcome) in extents.iter().zip(&outcomes) {
             if let (Outcome::Written, Some(i)) = (outcome, index_of(e.volume)) {
                 self.volumes()[i].count_pub(Counter::BytesCleaned, e.len);
@@ -355,7 +401,13 @@ impl Cache {
         }
     }
 
-    fn write_extents(&self, extents: &[Extent], depth: usize, pace: Pace) -> Vec<Outcome> {
+    fn write_extents(
+        &self,
+        extents: &[Extent],
+        depth: usize,
+        pace: Pace,
+        watches: &WritebackWatches,
+    ) -> Vec<Outcome> {
         // Once a client used the disk, no write of this batch starts any more (latched: the
         // batch's remaining lines wait for a trickled one rather than resume at full depth).
         let client_came = AtomicBool::new(false);
@@ -373,7 +425,7 @@ impl Cache {
             }
             // A halted engine starts no further writeback (§4.7).
             let outcome = match self.core().check_running() {
-                Ok(()) => self.write_extent(extent),
+                Ok(()) => self.write_extent(extent, watches),
                 Err(_) => Outcome::Failed,
             };
             if let Pace::Trickle(p) = pace {
@@ -390,9 +442,9 @@ impl Cache {
     /// range as being written back, releases the lines and writes the backing device: hits on
     /// the lines never wait for the disk, and a client write to the backing device of the
     /// range waits for this one (`Backing::wait_for_writebacks`), so this older data can never
-    /// land after it. A client write to the cache meanwhile changes the line's epoch, so the
-    /// line is not recorded clean.
-    fn write_extent(&self, extent: &Extent) -> Outcome {
+    /// land after it. From the read on, the extent's slots are watched (`watches`): a sector
+    /// whose data changes meanwhile is not recorded clean; the line's other sectors may change.
+    fn write_extent(&self, extent: &Extent, watches: &WritebackWatches) -> Outcome {
         let core = self.core();
         let line_size = self.layout().line_size;
         let (first, last) = (
@@ -403,9 +455,10 @@ impl Cache {
         let mut crcs = vec![0u32; (extent.len / SECTOR_SIZE) as usize];
         {
             let map = core.map();
-            let changed = extent.parts.iter().any(|p| {
-                map.key_of(p.line.slot) != p.line.key || map.epoch_of(p.line.slot) != p.line.epoch
-            });
+            let changed = extent
+                .parts
+                .iter()
+                .any(|p| !map.still_dirty(&p.line, p.first, p.count));
             if changed {
                 return Outcome::Skipped;
             }
@@ -437,6 +490,7 @@ impl Cache {
             volume.cleaner_read_failed(e);
             return Outcome::Failed;
         }
+        watches.watch(extent);
         let _in_flight = volume.backing().begin_writeback(extent.offset, extent.len);
         drop(held);
         if let Err(e) = volume.backing().write_at(&buf, extent.offset) {

@@ -71,9 +71,14 @@ pub struct MapState {
     /// it is rewritten, dropped or made clean, or when a read or check finds data its marks or
     /// checksum accept (a read error may pass). Sparse.
     damaged: HashMap<u32, SectorBitmap>,
-    /// Bumped whenever a slot's sectors or owner change, so the cleaner can tell whether a line
-    /// it wrote back was written again meanwhile.
-    epoch: Vec<u32>,
+    /// Slots the cleaner is writing back (read under the line's lock, the line released, the
+    /// disk write and flush under way), one watch per batch writing the slot back: which of
+    /// its sectors got new data since that batch read them (`note_data_changed`), so that
+    /// only the others are recorded clean (`mark_clean`). At most one watch per line of each
+    /// batch running.
+    writebacks: HashMap<u32, Vec<WritebackWatch>>,
+    /// The number of the next writeback batch (`new_writeback_batch`).
+    next_writeback_batch: u64,
     /// When (seconds on the cache's clock) each dirty slot first became dirty.
     dirty_since: Vec<u32>,
     /// Slots with any dirty sector (the cleaner's address-ordered sweep takes a sorted
@@ -120,6 +125,14 @@ pub fn dirty_limit_lines(line_count: u32, share: f64) -> u32 {
     }
 }
 
+/// A slot being written back by one batch (`MapState::writebacks`).
+#[derive(Debug, Clone, Copy)]
+struct WritebackWatch {
+    batch: u64,
+    /// Sectors whose data changed after the batch read them.
+    changed: SectorBitmap,
+}
+
 /// The failed write's checksum of each sector marked by `MapState::allow_either`.
 #[derive(Debug, Clone, Default)]
 struct EitherCrcs {
@@ -148,7 +161,6 @@ pub struct DirtyLine {
     pub slot: u32,
     pub key: LineKey,
     pub dirty: SectorBitmap,
-    pub epoch: u32,
     pub since: u32,
 }
 
@@ -184,8 +196,9 @@ impl SweepEntry {
 /// The snapshot decides only which lines are looked at and in which order; what is written
 /// back is what the map holds when a batch is planned (`take`: under the map's lock, each
 /// entry whose slot no longer holds its key, or is no longer dirty, is passed over; a line's
-/// sectors and epoch come from the map), and a line is recorded clean only when its epoch is
-/// still the one planned (`MapState::mark_clean`). A line dirtied after the snapshot, or moved
+/// dirty sectors come from the map), and a sector is recorded clean only when its data did not
+/// change after the writeback read it (`MapState::mark_clean`). A line dirtied after the
+/// snapshot, or moved
 /// to another slot, waits for the next sweep: a drain loops until nothing is dirty.
 #[derive(Debug, Default)]
 pub struct DirtySweep {
@@ -262,7 +275,8 @@ impl MapState {
             unverified: SlotBitmaps::new(n, sectors_per_line),
             either: HashMap::new(),
             damaged: HashMap::new(),
-            epoch: vec![0; n],
+            writebacks: HashMap::new(),
+            next_writeback_batch: 0,
             dirty_since: vec![0; n],
             dirty_line_count: 0,
             recorded_dirty: SlotBitmaps::new(n, sectors_per_line),
@@ -303,7 +317,6 @@ impl MapState {
             self.sectors_dirty[vol] + u64::from(dirty.count()) - u64::from(old_dirty.count());
         self.valid.set(slot, &valid);
         self.dirty.set(slot, &dirty);
-        self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         if old_dirty != dirty {
             self.note_changed(slot);
             match (old_dirty.is_empty(), dirty.is_empty()) {
@@ -406,7 +419,6 @@ impl MapState {
         check(self.slots.occupy(slot, key), || {
             format!("slot {slot} handed out for reuse while in use")
         })?;
-        self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         self.lines_used[usize::from(volume)] += 1;
         Ok(Some(slot))
     }
@@ -443,7 +455,6 @@ impl MapState {
         self.unverified.clear(slot);
         self.either.remove(&slot);
         self.damaged.remove(&slot);
-        self.epoch[slot as usize] = self.epoch[slot as usize].wrapping_add(1);
         Ok(())
     }
 
@@ -524,6 +535,7 @@ impl MapState {
         self.store(slot, valid, dirty, 0)?;
         let base = slot as usize * self.sectors_per_line;
         self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        self.note_data_changed(slot, first, count);
         Ok(())
     }
 
@@ -550,6 +562,7 @@ impl MapState {
         self.store(slot, valid, dirty, now)?;
         let base = slot as usize * self.sectors_per_line;
         self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        self.note_data_changed(slot, first, count);
         for s in first..first + count {
             self.clear_damaged(slot, s);
             self.settle_marks(slot, s);
@@ -684,6 +697,8 @@ impl MapState {
                 either.crcs[s] = crc;
                 marked = true;
             }
+            // The failed write may have landed: what a writeback read may no longer be there.
+            self.note_data_changed(slot, s, 1);
         }
         if marked {
             self.note_changed(slot);
@@ -739,6 +754,7 @@ impl MapState {
             return false;
         }
         self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
+        self.note_data_changed(slot, sector, 1);
         self.settle_marks(slot, sector);
         self.clear_damaged(slot, sector);
         self.note_changed(slot);
@@ -764,7 +780,9 @@ impl MapState {
         (self.slots.key_of(slot) != NO_KEY).then(|| self.dirty_bits(slot))
     }
 
-    /// Drops the clean sectors among `first..first+count` of a line, keeping dirty ones.
+    /// Drops the clean sectors among `first..first+count` of a line, keeping dirty ones: the
+    /// backing device's copy of the range is unknown (a client's write to it failed, and may
+    /// have landed in part), and a later writeback of the dirty ones puts their data back.
     pub fn invalidate_clean(
         &mut self,
         volume: u16,
@@ -782,6 +800,9 @@ impl MapState {
                 valid.set(s, false);
             }
         }
+        // The failed write may have landed after a writeback of the dirty ones (review 22):
+        // what that writeback wrote may no longer be on the disk.
+        self.note_data_changed(slot, first, count);
         self.store(slot, valid, dirty, 0)
     }
 
@@ -793,23 +814,101 @@ impl MapState {
         }
     }
 
-    /// Marks written-back sectors clean, if the slot still holds the same line unchanged since
-    /// the cleaner read it (`epoch`). Returns whether it did.
-    pub fn mark_clean(&mut self, line: &DirtyLine, sectors: &SectorBitmap) -> Checked<bool> {
-        let s = line.slot as usize;
-        if self.slots.key_of(line.slot) != line.key || self.epoch[s] != line.epoch {
+    /// A number for a writeback batch, for its watches (`watch_writeback`).
+    pub fn new_writeback_batch(&mut self) -> u64 {
+        self.next_writeback_batch += 1;
+        self.next_writeback_batch
+    }
+
+    /// Starts (or, for another part of the same line, widens) batch `batch`'s watch of a slot
+    /// whose sectors `read` it has just read holding the line's lock and will write back
+    /// without it: from now on a change of a sector's data (`note_data_changed`) keeps that
+    /// sector from being recorded clean by `mark_clean`. Ended by `unwatch_writeback`.
+    pub fn watch_writeback(&mut self, slot: u32, batch: u64, read: &SectorBitmap) {
+        let watches = self.writebacks.entry(slot).or_default();
+        match watches.iter_mut().find(|w| w.batch == batch) {
+            // What the batch has just read of these sectors is their data now.
+            Some(watch) => {
+                for w in 0..4 {
+                    watch.changed.0[w] &= !read.0[w];
+                }
+            }
+            None => watches.push(WritebackWatch {
+                batch,
+                changed: SectorBitmap::default(),
+            }),
+        }
+    }
+
+    /// Ends batch `batch`'s watch of a slot (`watch_writeback`).
+    pub fn unwatch_writeback(&mut self, slot: u32, batch: u64) {
+        if let Some(watches) = self.writebacks.get_mut(&slot) {
+            watches.retain(|w| w.batch != batch);
+            if watches.is_empty() {
+                self.writebacks.remove(&slot);
+            }
+        }
+    }
+
+    /// New data in `count` sectors of a slot from `first` (a write, a write-through write, a
+    /// failed write that may have landed, newer data found on the device), or data of unknown
+    /// value on the backing device (a client's failed write to it, `invalidate_clean`): a
+    /// writeback that read them before carries older data, or its data may no longer be on
+    /// the disk, so they must not be recorded clean.
+    fn note_data_changed(&mut self, slot: u32, first: usize, count: usize) {
+        if self.writebacks.is_empty() {
+            return;
+        }
+        for watch in self.writebacks.get_mut(&slot).into_iter().flatten() {
+            for s in first..first + count {
+                watch.changed.set(s, true);
+            }
+        }
+    }
+
+    /// Whether the slot still holds `line` with every one of `count` sectors from `first`
+    /// dirty, as planned: what a writeback reads of them now (under the line's lock) is the
+    /// data to write. A sector no longer dirty was dropped or written through meanwhile, and
+    /// the cache's bytes of it may be stale or garbage: such an extent is not written.
+    pub fn still_dirty(&self, line: &DirtyLine, first: usize, count: usize) -> bool {
+        let dirty = self.dirty_bits(line.slot);
+        self.slots.key_of(line.slot) == line.key && (first..first + count).all(|s| dirty.get(s))
+    }
+
+    /// Marks sectors that batch `batch` wrote back clean, if the slot still holds the line,
+    /// except those whose data changed since the batch read them (`watch_writeback`, which
+    /// must be under way). Changes to the line's other sectors (writes, fills, TRIMs) do not
+    /// matter: the disk now holds exactly what the cache holds for these. Returns whether any
+    /// sector was recorded clean.
+    pub fn mark_clean(
+        &mut self,
+        line: &DirtyLine,
+        sectors: &SectorBitmap,
+        batch: u64,
+    ) -> Checked<bool> {
+        let watch = self
+            .writebacks
+            .get(&line.slot)
+            .and_then(|watches| watches.iter().find(|w| w.batch == batch).copied());
+        let Some(watch) = watch else {
+            return Err(Invariant(format!(
+                "slot {} was to be recorded clean without batch {batch}'s writeback being watched",
+                line.slot
+            )));
+        };
+        if self.slots.key_of(line.slot) != line.key {
             return Ok(false);
         }
-        let mut dirty = self.dirty_bits(line.slot);
+        let before = self.dirty_bits(line.slot);
+        let mut dirty = before;
         for w in 0..4 {
-            dirty.0[w] &= !sectors.0[w];
+            dirty.0[w] &= !(sectors.0[w] & !watch.changed.0[w]);
+        }
+        if dirty == before {
+            return Ok(false);
         }
         self.store(line.slot, self.valid_bits(line.slot), dirty, 0)?;
         Ok(true)
-    }
-
-    pub fn epoch_of(&self, slot: u32) -> u32 {
-        self.epoch[slot as usize]
     }
 
     pub fn key_of(&self, slot: u32) -> LineKey {
@@ -882,7 +981,6 @@ impl MapState {
             slot,
             key: self.slots.key_of(slot),
             dirty,
-            epoch: self.epoch[slot as usize],
             since: self.dirty_since[slot as usize],
         })
     }
@@ -1318,10 +1416,60 @@ mod tests {
         sweep.take(m, usize::MAX, usize::MAX, DamagedLines::Skip, &mut |_| true)
     }
 
+    fn sectors(list: &[usize]) -> SectorBitmap {
+        let mut bits = SectorBitmap::default();
+        for &s in list {
+            bits.set(s, true);
+        }
+        bits
+    }
+
+    /// Batch 1 writes back sectors 0 and 1, watched from its read: meanwhile sector 1 is
+    /// rewritten, sector 2 is written, sector 3 is filled and sector 4 is written through.
+    /// Only sector 0 is recorded clean. Batch 2, which read the rewrite before batch 1 ended
+    /// (a drain beside the cleaner), records sector 1 clean; its second part (sector 2, read
+    /// later) too, though sector 2 changed after its first part's read.
+    #[test]
+    fn a_writeback_records_clean_only_the_sectors_whose_data_did_not_change() {
+        let mut m = map(4);
+        let locks = LineLocks::new();
+        let slot = dirty_line_at(&mut m, &locks, 7, 1);
+        m.set_dirty(slot, 1, &[1], 0).unwrap();
+        let planned = m.dirty_line(slot, DamagedLines::Skip).unwrap();
+        assert_eq!(planned.dirty, sectors(&[0, 1]));
+        let first = m.new_writeback_batch();
+        m.watch_writeback(slot, first, &planned.dirty);
+        m.set_dirty(slot, 1, &[9], 0).unwrap();
+        m.set_clean_valid(slot, 3, &[3]).unwrap();
+        m.set_written_through(slot, 4, &[4]).unwrap();
+        let second = m.new_writeback_batch();
+        m.watch_writeback(slot, second, &sectors(&[1]));
+        m.set_dirty(slot, 2, &[2], 0).unwrap();
+        m.watch_writeback(slot, second, &sectors(&[2]));
+        assert!(m.mark_clean(&planned, &planned.dirty, first).unwrap());
+        m.unwatch_writeback(slot, first);
+        assert_eq!(
+            m.dirty_bits(slot),
+            sectors(&[1, 2]),
+            "sector 0 recorded clean"
+        );
+        let again = m.dirty_line(slot, DamagedLines::Skip).unwrap();
+        assert!(m.mark_clean(&again, &again.dirty, second).unwrap());
+        m.unwatch_writeback(slot, second);
+        assert!(m.dirty_bits(slot).is_empty());
+        assert!(m.writebacks.is_empty(), "no watch left");
+        m.set_dirty(slot, 5, &[5], 0).unwrap();
+        let unwatched = m.dirty_line(slot, DamagedLines::Skip).unwrap();
+        assert!(
+            m.mark_clean(&unwatched, &unwatched.dirty, second).is_err(),
+            "recording clean without a watch breaks an invariant"
+        );
+    }
+
     /// Between a sweep's snapshot and its batch a slot is written back and reused by another
     /// line that is dirtied, a listed line is written again, another is dirtied for the first
     /// time: the batch lists only the lines the snapshot saw that are still dirty in the same
-    /// slot, each as the map holds it now (sectors, epoch); the others wait for the next sweep.
+    /// slot, each as the map holds it now (its dirty sectors); the others wait for the next sweep.
     #[test]
     fn a_sweep_lists_only_lines_still_dirty_where_its_snapshot_saw_them() {
         // One slot free once the four lines are in: the dropped line's slot is the next after it.
@@ -1337,12 +1485,15 @@ mod tests {
         let planned = m.dirty_line(slot_20, DamagedLines::Skip).unwrap();
         let mut one = SectorBitmap::default();
         one.set(0, true);
-        assert!(m.mark_clean(&planned, &one).unwrap());
+        let batch = m.new_writeback_batch();
+        m.watch_writeback(slot_20, batch, &one);
+        assert!(m.mark_clean(&planned, &one, batch).unwrap());
+        m.unwatch_writeback(slot_20, batch);
         m.invalidate_slot(slot_20, 0, 16).unwrap();
         // Line 25: dirty for the first time after the snapshot.
         dirty_line_at(&mut m, &locks, 25, 4);
         assert_eq!(dirty_line_at(&mut m, &locks, 5, 2), slot_20, "slot reused");
-        // Line 30: written again (a new epoch and one more dirty sector).
+        // Line 30: written again (one more dirty sector).
         let slot_30 = m.peek(0, 30).unwrap().slot;
         m.set_dirty(slot_30, 3, &[3], 0).unwrap();
         assert_eq!(m.total_dirty_lines(), 5);
@@ -1356,7 +1507,6 @@ mod tests {
         );
         let line_30 = lines[1];
         assert_eq!(line_30.slot, slot_30);
-        assert_eq!(line_30.epoch, m.epoch_of(slot_30), "the epoch as it is now");
         assert_eq!(
             line_30.dirty.count(),
             2,
@@ -1495,7 +1645,10 @@ mod tests {
                 (Some(slot), 4) => m.invalidate_slot(slot, sector, 1).unwrap(),
                 (Some(slot), 5) => {
                     if let Some(line) = m.dirty_line(slot, DamagedLines::Include) {
-                        m.mark_clean(&line, &line.dirty).unwrap();
+                        let batch = m.new_writeback_batch();
+                        m.watch_writeback(slot, batch, &line.dirty);
+                        m.mark_clean(&line, &line.dirty, batch).unwrap();
+                        m.unwatch_writeback(slot, batch);
                     }
                 }
                 _ => {
