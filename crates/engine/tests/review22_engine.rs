@@ -254,6 +254,15 @@ fn rig(mode: CacheMode) -> Rig {
     }
 }
 
+/// One cleaner batch (depth 1) on a thread of its own.
+fn spawn_batch(
+    cache: &Arc<Cache>,
+    select: Select,
+) -> thread::JoinHandle<ssdcache_engine::Result<ssdcache_engine::BatchReport>> {
+    let cache = cache.clone();
+    thread::spawn(move || cache.clean_batch(&CleanerConfig::default(), 1, select))
+}
+
 /// Line 0 cached whole from the disk (`old`), its first sector then written dirty (`a`).
 fn rig_with_dirty_sector_0() -> (Rig, Vec<u8>, Vec<u8>) {
     let r = rig(CacheMode::WriteBack);
@@ -411,10 +420,7 @@ fn r22_1d_control_failed_write_without_a_batch_in_flight_is_repaired_by_the_drai
 fn rewrites_trims_and_retaking_the_slot_while_a_writeback_is_in_flight() {
     let (r, old, _a) = rig_with_dirty_sector_0();
     r.ctl.hold_next_write();
-    let batch = {
-        let cache = r.cache.clone();
-        thread::spawn(move || cache.clean_batch(&CleanerConfig::default(), 1, Select::All))
-    };
+    let batch = spawn_batch(&r.cache, Select::All);
     r.ctl.wait_write_held();
     let b = data(4, SECTOR);
     r.vol.write(0, &b, false).unwrap();
@@ -464,10 +470,7 @@ fn a_held_read_miss_and_a_rewrite_beside_a_writeback_in_flight() {
     let (r, old, _a) = rig_with_dirty_sector_0();
     r.vol.trim(7 * SECTOR as u64, SECTOR as u64, false).unwrap();
     r.ctl.hold_next_write();
-    let batch = {
-        let cache = r.cache.clone();
-        thread::spawn(move || cache.clean_batch(&CleanerConfig::default(), 1, Select::All))
-    };
+    let batch = spawn_batch(&r.cache, Select::All);
     r.ctl.wait_write_held();
     let miss = common::read_in_thread(&r.vol, 7 * SECTOR as u64, SECTOR);
     thread::sleep(Duration::from_millis(30));
@@ -508,10 +511,7 @@ fn a_write_through_beside_a_writeback_in_flight() {
     let (r, _old, _a) = rig_with_dirty_sector_0();
     r.cache.hold_writes_through(0);
     r.ctl.hold_next_write();
-    let batch = {
-        let cache = r.cache.clone();
-        thread::spawn(move || cache.clean_batch(&CleanerConfig::default(), 1, Select::All))
-    };
+    let batch = spawn_batch(&r.cache, Select::All);
     r.ctl.wait_write_held();
     let b = data(8, SECTOR);
     let writer = {
@@ -537,10 +537,7 @@ fn a_write_through_beside_a_writeback_in_flight() {
 fn a_failing_backing_flush_drops_the_watches_and_keeps_the_sector_dirty() {
     let (r, _old, a) = rig_with_dirty_sector_0();
     r.ctl.hold_next_flush();
-    let batch = {
-        let cache = r.cache.clone();
-        thread::spawn(move || cache.clean_batch(&CleanerConfig::default(), 1, Select::All))
-    };
+    let batch = spawn_batch(&r.cache, Select::All);
     r.ctl.wait_flush_held();
     assert!(on_disk(&r.mem, 0, SECTOR) == a);
     let b = data(9, SECTOR);
@@ -577,18 +574,12 @@ fn two_batches_with_a_rewrite_between_their_reads() {
         let (r, _old, _a) = rig_with_dirty_sector_0();
         // Batch 1 reads A, its write is held.
         r.ctl.hold_next_write();
-        let b1 = {
-            let cache = r.cache.clone();
-            thread::spawn(move || cache.clean_batch(&CleanerConfig::default(), 1, Select::All))
-        };
+        let b1 = spawn_batch(&r.cache, Select::All);
         r.ctl.wait_write_held();
         let b = data(10, SECTOR);
         r.vol.write(0, &b, false).unwrap();
         // Batch 2 reads B; its write waits for batch 1's (backing order).
-        let b2 = {
-            let cache = r.cache.clone();
-            thread::spawn(move || cache.clean_batch(&CleanerConfig::default(), 1, Select::Coldest))
-        };
+        let b2 = spawn_batch(&r.cache, Select::Coldest);
         thread::sleep(Duration::from_millis(50));
         if first_ends_first {
             r.ctl.release_write();

@@ -74,6 +74,15 @@ fn batch_with_its_write_held(rig: &Rig, meanwhile: impl FnOnce(&Volume)) -> u64 
     batch.join().expect("batch thread").lines_cleaned
 }
 
+/// The batch's writeback of the first sector (`dirty`) landed and was recorded clean.
+fn assert_recorded_clean(rig: &Rig, dirty: &[u8], cleaned: u64) {
+    assert!(
+        on_disk(&rig.mem, 0, SECTOR) == dirty,
+        "the writeback landed"
+    );
+    assert_eq!(cleaned, 1, "the written sector was recorded clean");
+}
+
 #[test]
 fn a_write_to_another_sector_does_not_keep_the_written_sector_dirty() {
     let (rig, _old, dirty) = line_with_one_dirty_sector();
@@ -82,11 +91,7 @@ fn a_write_to_another_sector_does_not_keep_the_written_sector_dirty() {
         vol.write(5 * SECTOR as u64, &other, false)
             .expect("write another sector")
     });
-    assert!(
-        on_disk(&rig.mem, 0, SECTOR) == dirty,
-        "the writeback landed"
-    );
-    assert_eq!(cleaned, 1, "the written sector was recorded clean");
+    assert_recorded_clean(&rig, &dirty, cleaned);
     assert_eq!(
         rig.cache.dirty_bytes(),
         SECTOR as u64,
@@ -117,39 +122,28 @@ fn a_read_miss_filling_another_sector_does_not_keep_the_written_sector_dirty() {
         got == on_disk(&rig.mem, 7 * SECTOR as u64, SECTOR),
         "the miss returns the disk's data"
     );
-    assert!(
-        on_disk(&rig.mem, 0, SECTOR) == dirty,
-        "the writeback landed"
-    );
-    assert_eq!(cleaned, 1, "the written sector was recorded clean");
+    assert_recorded_clean(&rig, &dirty, cleaned);
     assert_eq!(rig.cache.dirty_bytes(), 0, "nothing is dirty");
 }
 
 #[test]
 fn a_trim_of_another_sector_does_not_keep_the_written_sector_dirty() {
     let (rig, _old, dirty) = line_with_one_dirty_sector();
-    let trimmer = {
-        let vol = rig.vol.clone();
-        move |_: &Volume| {
-            // A TRIM reaches the disk after the writeback it does not overlap; run it on a
-            // thread of its own so the gate is released whatever it waits for.
-            thread::spawn(move || vol.trim(9 * SECTOR as u64, SECTOR as u64, false))
-        }
-    };
     let mut trim = None;
-    let cleaned = batch_with_its_write_held(&rig, |vol| {
-        trim = Some(trimmer(vol));
+    let cleaned = batch_with_its_write_held(&rig, |_| {
+        // A TRIM reaches the disk after the writeback it does not overlap; on a thread of its
+        // own, so the gate is released whatever it waits for.
+        let vol = rig.vol.clone();
+        trim = Some(thread::spawn(move || {
+            vol.trim(9 * SECTOR as u64, SECTOR as u64, false)
+        }));
         thread::sleep(Duration::from_millis(100));
     });
     trim.expect("trim started")
         .join()
         .expect("trim thread")
         .expect("trim");
-    assert!(
-        on_disk(&rig.mem, 0, SECTOR) == dirty,
-        "the writeback landed"
-    );
-    assert_eq!(cleaned, 1, "the written sector was recorded clean");
+    assert_recorded_clean(&rig, &dirty, cleaned);
     assert_eq!(rig.cache.dirty_bytes(), 0, "nothing is dirty");
 }
 
