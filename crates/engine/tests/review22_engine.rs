@@ -56,14 +56,18 @@ struct Ctl {
     cv: Condvar,
 }
 
+/// One gate: armed for the next request, holding one, or letting it go.
+#[derive(Default)]
+struct Hold {
+    armed: bool,
+    held: bool,
+    go: bool,
+}
+
 #[derive(Default)]
 struct CtlState {
-    hold_write: bool,
-    write_held: bool,
-    write_go: bool,
-    hold_flush: bool,
-    flush_held: bool,
-    flush_go: bool,
+    write: Hold,
+    flush: Hold,
     /// The next write lands its first `n` sectors, then fails.
     land_then_fail: Option<usize>,
     failed_writes: u64,
@@ -82,16 +86,19 @@ impl Ctl {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn hold_next_write(&self) {
+    fn hold_next(&self, gate: fn(&mut CtlState) -> &mut Hold) {
         let mut s = self.st();
-        s.hold_write = true;
-        s.write_go = false;
+        let hold = gate(&mut s);
+        hold.armed = true;
+        hold.go = false;
+    }
+
+    fn hold_next_write(&self) {
+        self.hold_next(|s| &mut s.write);
     }
 
     fn hold_next_flush(&self) {
-        let mut s = self.st();
-        s.hold_flush = true;
-        s.flush_go = false;
+        self.hold_next(|s| &mut s.flush);
     }
 
     fn fail_next_write_landing(&self, sectors: usize) {
@@ -117,60 +124,49 @@ impl Ctl {
     }
 
     fn wait_write_held(&self) {
-        self.wait("held write", |s| s.write_held);
+        self.wait("held write", |s| s.write.held);
     }
 
     fn wait_flush_held(&self) {
-        self.wait("held flush", |s| s.flush_held);
+        self.wait("held flush", |s| s.flush.held);
     }
 
     fn release_write(&self) {
-        self.st().write_go = true;
+        self.st().write.go = true;
         self.cv.notify_all();
     }
 
     fn release_flush(&self) {
-        self.st().flush_go = true;
+        self.st().flush.go = true;
         self.cv.notify_all();
     }
 
-    /// Stops at the write gate if armed (at most `WAIT`).
-    fn pass_write(&self) {
+    /// Stops at `gate` if armed, until released (at most `WAIT`).
+    fn pass(&self, gate: fn(&mut CtlState) -> &mut Hold) {
         let mut s = self.st();
-        if !s.hold_write {
+        if !gate(&mut s).armed {
             return;
         }
-        s.hold_write = false;
-        s.write_held = true;
+        gate(&mut s).armed = false;
+        gate(&mut s).held = true;
         self.cv.notify_all();
         let deadline = Instant::now() + WAIT;
-        while !s.write_go && Instant::now() < deadline {
+        while !gate(&mut s).go && Instant::now() < deadline {
             s = self
                 .cv
                 .wait_timeout(s, Duration::from_millis(50))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        s.write_held = false;
+        gate(&mut s).held = false;
+    }
+
+    fn pass_write(&self) {
+        self.pass(|s| &mut s.write);
     }
 
     fn pass_flush(&self) {
-        let mut s = self.st();
-        if !s.hold_flush {
-            return;
-        }
-        s.hold_flush = false;
-        s.flush_held = true;
-        self.cv.notify_all();
-        let deadline = Instant::now() + WAIT;
-        while !s.flush_go && Instant::now() < deadline {
-            s = self
-                .cv
-                .wait_timeout(s, Duration::from_millis(50))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        s.flush_held = false;
+        self.pass(|s| &mut s.flush);
     }
 
     /// Applies `data` (or zeroes) at `offset`, or, when armed, its first sectors and EIO.
