@@ -180,7 +180,7 @@ def engine_section(res):
         w("### Cache-hit reads by thread count")
         w("")
         w(f"An in-memory cache ({fsize(h['cache_size'])}, {h['line_size'] >> 10} KiB lines, every line cached, "
-          f"memory backing); T threads each read random 4 KiB blocks for {e['seconds']:g} s; every read is "
+          f"on a striped memory device with a lock per 64 KiB, memory backing); T threads each read random 4 KiB blocks for {e['seconds']:g} s; every read is "
           f"checked to be a hit by the volume's counters. The machine has {h['cpus']} CPUs: more threads than "
           "that only show what contention costs.")
         w("")
