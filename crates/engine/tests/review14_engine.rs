@@ -186,7 +186,6 @@ fn r14_1_a_client_flush_stops_a_full_depth_batch() {
     });
     let stop = Arc::new(AtomicBool::new(false));
     let flushes = AtomicU64::new(0);
-    let at_client_start = rig.disk.cleaner_writes.load(Ordering::SeqCst);
     let during = std::thread::scope(|s| {
         let vol = rig.cache.volumes()[0].clone();
         let (stop_c, flushes) = (stop.clone(), &flushes);
@@ -198,6 +197,14 @@ fn r14_1_a_client_flush_stops_a_full_depth_batch() {
                 std::thread::sleep(Duration::from_millis(10));
             }
         });
+        // The window opens once the client's first FLUSH returned: it told the cleaner the
+        // disk is in use when it began, and waited for the writes then in flight. Counting
+        // from the thread's start instead flaked under load (18 writes: the client's first
+        // FLUSH came late, with the batch at full depth meanwhile).
+        wait_for("the client's first flush", Duration::from_secs(5), || {
+            flushes.load(Ordering::SeqCst) >= 1
+        });
+        let at_client_start = rig.disk.cleaner_writes.load(Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(600));
         let during = rig.disk.cleaner_writes.load(Ordering::SeqCst) - at_client_start;
         stop.store(true, Ordering::SeqCst);
