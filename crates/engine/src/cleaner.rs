@@ -141,6 +141,13 @@ struct Part {
     count: usize,
 }
 
+impl Part {
+    /// The part's sectors as a bitmap of its line.
+    fn sectors(&self) -> SectorBitmap {
+        SectorBitmap::range(self.first, self.count)
+    }
+}
+
 /// One backing write: contiguous sectors of one volume, possibly across lines.
 #[derive(Debug)]
 struct Extent {
@@ -184,11 +191,7 @@ impl<'a> WritebackWatches<'a> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let mut map = self.core.map();
         for p in &extent.parts {
-            let mut read = SectorBitmap::default();
-            for s in p.first..p.first + p.count {
-                read.set(s, true);
-            }
-            map.watch_writeback(p.line.slot, self.batch, &read);
+            map.watch_writeback(p.line.slot, self.batch, &p.sectors());
             slots.push(p.line.slot);
         }
     }
@@ -249,9 +252,7 @@ impl Cache {
                         let entry = cleaned
                             .entry(p.line.slot)
                             .or_insert((p.line, SectorBitmap::default()));
-                        for s in p.first..p.first + p.count {
-                            entry.1.set(s, true);
-                        }
+                        entry.1.union_with(&p.sectors());
                     }
                 }
                 Outcome::Skipped => report.extents_skipped += 1,

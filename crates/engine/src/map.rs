@@ -486,9 +486,7 @@ impl MapState {
 
     fn add_recorded_dirty(&mut self, slot: u32, dirty: &SectorBitmap) {
         let mut bits = self.recorded_dirty_of(slot);
-        for w in 0..4 {
-            bits.0[w] |= dirty.0[w];
-        }
+        bits.union_with(dirty);
         self.set_recorded_dirty(slot, &bits);
     }
 
@@ -859,10 +857,9 @@ impl MapState {
         if self.writebacks.is_empty() {
             return;
         }
+        let changed = SectorBitmap::range(first, count);
         for watch in self.writebacks.get_mut(&slot).into_iter().flatten() {
-            for s in first..first + count {
-                watch.changed.set(s, true);
-            }
+            watch.changed.union_with(&changed);
         }
     }
 

@@ -10,6 +10,20 @@ use crate::SECTOR_SIZE;
 pub struct SectorBitmap(pub [u64; 4]);
 
 impl SectorBitmap {
+    /// The `count` sectors from `first`.
+    pub fn range(first: usize, count: usize) -> Self {
+        let mut bits = Self::default();
+        for s in first..first + count {
+            bits.set(s, true);
+        }
+        bits
+    }
+    /// Adds `other`'s sectors to these.
+    pub fn union_with(&mut self, other: &SectorBitmap) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine |= theirs;
+        }
+    }
     pub fn get(&self, sector: usize) -> bool {
         self.0[sector / 64] >> (sector % 64) & 1 == 1
     }
@@ -250,6 +264,16 @@ mod tests {
             dirty: SectorBitmap::default(),
             crcs: (0..16).map(|s| 0x1000 + s).collect(),
         }
+    }
+
+    #[test]
+    fn bitmap_ranges_cross_words_and_union_adds() {
+        let mut bits = SectorBitmap::range(62, 4);
+        assert_eq!(bits, SectorBitmap([0b11 << 62, 0b11, 0, 0]));
+        bits.union_with(&SectorBitmap::range(255, 1));
+        assert_eq!(bits.count(), 5);
+        assert!(bits.get(255) && !bits.get(66));
+        assert!(SectorBitmap::range(9, 0).is_empty());
     }
 
     #[test]

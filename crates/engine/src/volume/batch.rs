@@ -129,10 +129,7 @@ impl Volume {
         for p in &plan.segments {
             self.core.note_touch(p.slot);
             if p.confirm {
-                let mut matched = SectorBitmap::default();
-                for s in p.seg.first_sector..p.seg.first_sector + p.seg.sectors {
-                    matched.set(s, true);
-                }
+                let matched = SectorBitmap::range(p.seg.first_sector, p.seg.sectors);
                 self.core.map().confirm_sectors(p.slot, &matched);
             }
             self.count(Counter::BytesFromCache, p.seg.len as u64);
