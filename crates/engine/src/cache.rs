@@ -19,7 +19,7 @@ use crate::map::{dirty_limit_lines, Invariant, MapState};
 use crate::policy;
 use crate::superblock::write_superblock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::sync::{MapLock, MapReadGuard, MapWriteGuard, Mutex};
 use crate::touches::TouchLog;
 use crate::volume::Volume;
 
@@ -32,7 +32,7 @@ pub(crate) struct CacheCore {
     pub layout: Layout,
     /// Hits read it (`map_read`) and record their uses aside (`touches`); everything that
     /// changes it writes.
-    map: RwLock<MapState>,
+    map: MapLock<MapState>,
     touches: TouchLog,
     pub locks: LineLocks,
     /// The commit protocol's state: the journal, the committer's requests and the superblock
@@ -52,14 +52,14 @@ pub(crate) struct CacheCore {
 }
 
 impl CacheCore {
-    pub fn map(&self) -> RwLockWriteGuard<'_, MapState> {
+    pub fn map(&self) -> MapWriteGuard<'_, MapState> {
         // The map is only changed in short non-panicking sections; a poisoned lock still holds
         // a consistent map.
         self.map.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The map for looking only: hits on different lines hold it together.
-    pub fn map_read(&self) -> RwLockReadGuard<'_, MapState> {
+    pub fn map_read(&self) -> MapReadGuard<'_, MapState> {
         self.map.read().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -445,7 +445,7 @@ impl Cache {
         let core = Arc::new(CacheCore {
             dev,
             layout,
-            map: RwLock::new(map),
+            map: MapLock::new(map),
             touches: TouchLog::new(),
             locks: LineLocks::new(),
             commits: Commits::new(pos, sb),
