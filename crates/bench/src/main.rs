@@ -165,8 +165,14 @@ fn write_back_cache(
     line_size: u64,
     policy: &str,
 ) -> Result<Cache> {
-    let cache =
-        engine_bench::open_cache(cache_dev, backing, line_size, CacheMode::WriteBack, policy)?;
+    let cache = engine_bench::open_cache(
+        cache_dev,
+        backing,
+        line_size,
+        CacheMode::WriteBack,
+        policy,
+        0,
+    )?;
     // These measurements need every line dirty (a burst destaged whole, the recovery of a cache
     // full of dirty data), past the default dirty limit.
     cache.set_dirty_limit(1.0);

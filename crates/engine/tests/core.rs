@@ -39,18 +39,11 @@ fn a_stream_past_the_cutoff_reads_only_dirty_sectors_from_the_cache() {
     let cache_dev = Arc::new(RecordingDevice::new(cache_mem.clone()));
     let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
     let vol = cache.volumes()[0].clone();
-    // Every even line of the first 4 MiB cached clean (read one at a time, far apart in
-    // order, so the stream detector sees no stream).
+    // Every even line of the first 4 MiB cached clean (read one at a time, backwards: no
+    // stream for the detector to bypass).
     let mut buf = vec![0u8; LINE as usize];
     for line in (0..32u64).rev().map(|i| 2 * i) {
         vol.read(line * LINE, &mut buf).expect("warm-up read");
-    }
-    // 32 reads far apart (the detector tracks 32 streams) so the warm-up, which it saw as
-    // a stream running backwards, is forgotten.
-    let mut sector = vec![0u8; SECTOR as usize];
-    for i in 0..32u64 {
-        vol.read(8 * MIB + i * 1536 * 1024, &mut sector)
-            .expect("far read");
     }
     // Two dirty sectors past where the stream will cross the cutoff.
     for (line, sector) in [(40u64, 3u64), (50, 0)] {
@@ -59,6 +52,12 @@ fn a_stream_past_the_cutoff_reads_only_dirty_sectors_from_the_cache() {
         vol.write(at, &new, false).expect("write");
         model[at as usize..(at + SECTOR) as usize].copy_from_slice(&new);
     }
+    // A clean stop and a fresh start: the cache stays warm (and dirty), and the stream
+    // detector, which saw the warm-up as a stream running backwards, starts empty.
+    cache.shutdown().expect("clean stop");
+    drop((vol, cache));
+    let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
+    let vol = cache.volumes()[0].clone();
     // The stream: 4 MiB in 256 KiB reads (each spans two cached and two uncached lines); the
     // first MiB is cached as usual, the rest is past the cutoff.
     let mut got = vec![0u8; 256 << 10];

@@ -155,6 +155,7 @@ fn file_cache(a: &EngineArgs, scratch: &Scratch, size: u64, line_size: u64) -> R
         line_size,
         CacheMode::WriteBack,
         &a.policy,
+        0,
     )?;
     cache.set_dirty_limit(a.dirty_limit);
     Ok(FileCache {
@@ -497,13 +498,18 @@ pub fn hits(a: &EngineArgs, cpus: usize) -> Result<HitsResult> {
         a.hit_line_size,
         CacheMode::WriteThrough,
         &a.policy,
+        a.hit_cutoff.unwrap_or(0),
     )?;
     let vol = cache.volumes()[0].clone();
     let lines = cache.layout().line_count;
-    cache_every_line(&vol, lines, a.hit_line_size)?;
+    cache_every_line(&vol, lines, a.hit_line_size, a.seed)?;
     eprintln!(
-        "hits: {lines} lines of {} KiB cached, in memory",
-        a.hit_line_size >> 10
+        "hits: {lines} lines of {} KiB cached, in memory, sequential cutoff {}",
+        a.hit_line_size >> 10,
+        match a.hit_cutoff {
+            None => "off".to_string(),
+            Some(c) => format!("{} KiB", c >> 10),
+        }
     );
     let mut runs = Vec::new();
     for &threads in &a.threads {
@@ -520,10 +526,16 @@ pub fn hits(a: &EngineArgs, cpus: usize) -> Result<HitsResult> {
     })
 }
 
-fn cache_every_line(vol: &Volume, lines: u64, line_size: u64) -> Result<()> {
+/// Writes every line once, in a shuffled order (no stream for a stream detector to bypass).
+fn cache_every_line(vol: &Volume, lines: u64, line_size: u64, seed: u64) -> Result<()> {
     let mut buf = AlignedBuf::zeroed(line_size as usize);
     buf.fill(0x5a);
-    for line in 0..lines {
+    let mut order: Vec<u64> = (0..lines).collect();
+    let mut rng = SplitMix64(seed);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    for line in order {
         buf[..8].copy_from_slice(&line.to_le_bytes());
         vol.write(line * line_size, &buf, false)
             .with_context(|| format!("write to line {line} failed"))?;

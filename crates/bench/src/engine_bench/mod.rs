@@ -103,6 +103,12 @@ pub struct EngineArgs {
     /// hits: cache line size
     #[arg(long, value_parser = parse_size, default_value = "64KiB")]
     pub hit_line_size: u64,
+    /// hits: the volume's sequential cutoff (default: none, stream detection off). With a
+    /// cutoff every hit also takes the stream detector's lock of its 256 MiB region, as served
+    /// volumes do by default (4MiB); the lines are then filled in a shuffled order, which is no
+    /// stream
+    #[arg(long, value_parser = parse_size)]
+    pub hit_cutoff: Option<u64>,
     /// hits: thread counts, comma-separated, each run for --seconds
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = parse_threads)]
     pub threads: Vec<usize>,
@@ -219,13 +225,16 @@ impl Drop for Scratch {
     }
 }
 
-/// Formats `cache_dev` as one volume in `mode` over `backing` and opens it (no cleaner).
+/// Formats `cache_dev` as one volume in `mode` over `backing` and opens it (no cleaner). Fills
+/// are sequential runs of writes: with a `sequential_cutoff` the stream detector would bypass
+/// them, so callers filling in order pass 0.
 pub fn open_cache(
     cache_dev: Arc<dyn BlockDevice>,
     backing: Arc<dyn BlockDevice>,
     line_size: u64,
     mode: CacheMode,
     policy: &str,
+    sequential_cutoff: u64,
 ) -> Result<Cache> {
     let policy = ssdcache_engine::policy::id_of(policy).with_context(|| {
         format!(
@@ -240,8 +249,7 @@ pub fn open_cache(
             name: "bench".into(),
             mode,
             backing: crate::identity(backing.size()),
-            // Fills are sequential runs of writes; the stream detector must not bypass them.
-            sequential_cutoff: 0,
+            sequential_cutoff,
             policy,
             admission: Default::default(),
         },
