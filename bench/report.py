@@ -125,7 +125,13 @@ def fsize(b):
 
 def load_engine(res):
     path = os.path.join(res, "engine", "engine.json")
-    return json.load(open(path)) if os.path.exists(path) else None
+    if not os.path.exists(path):
+        return None
+    e = json.load(open(path))
+    cutoff = os.path.join(res, "engine", "engine-hits-cutoff.json")
+    if os.path.exists(cutoff):
+        e["hits_cutoff"] = json.load(open(cutoff)).get("hits")
+    return e
 
 
 def beside(r):
@@ -184,12 +190,28 @@ def engine_section(res):
           f"checked to be a hit by the volume's counters. The machine has {h['cpus']} CPUs: more threads than "
           "that only show what contention costs.")
         w("")
-        w("| threads | requests/s | per thread | µs per request (one thread's view) |")
-        w("|---:|---:|---:|---:|")
+        hc = e.get("hits_cutoff")
+        if hc:
+            w(f"The volume's sequential cutoff is off in the first columns; the last two are a second run with "
+              f"it at {hc['sequential_cutoff'] >> 20} MiB, the default of served volumes: every hit then also "
+              "checks the stream detector (docs/design.md, \"Sequential bypass\"; a hit takes its lock only near "
+              "a tracked stream).")
+            w("")
+            w("| threads | requests/s | per thread | µs per request (one thread's view) | requests/s, cutoff on | × cutoff off |")
+            w("|---:|---:|---:|---:|---:|---:|")
+        else:
+            w("| threads | requests/s | per thread | µs per request (one thread's view) |")
+            w("|---:|---:|---:|---:|")
+        with_cutoff = {r["threads"]: r for r in hc["runs"]} if hc else {}
         for r in h["runs"]:
             note = " (more threads than CPUs)" if r["oversubscribed"] else ""
-            w(f"| {r['threads']}{note} | {r['requests_per_sec']:,.0f} | {r['per_thread_per_sec']:,.0f} | "
-              f"{r['mean_us']:.2f} |")
+            row = (f"| {r['threads']}{note} | {r['requests_per_sec']:,.0f} | {r['per_thread_per_sec']:,.0f} | "
+                   f"{r['mean_us']:.2f} |")
+            if hc:
+                c = with_cutoff.get(r["threads"])
+                row += (f" {c['requests_per_sec']:,.0f} | {c['requests_per_sec'] / r['requests_per_sec']:.2f} |"
+                        if c else " — | — |")
+            w(row)
         w("")
     if e["metadata"]:
         w("### Metadata held in RAM")
@@ -221,6 +243,9 @@ def engine_summary(res):
     if e.get("hits"):
         print("engine hits: " + ", ".join(f"{r['threads']} threads {r['requests_per_sec']:,.0f}/s"
                                           for r in e["hits"]["runs"]))
+    if e.get("hits_cutoff"):
+        print("engine hits, cutoff on: " + ", ".join(f"{r['threads']} threads {r['requests_per_sec']:,.0f}/s"
+                                                     for r in e["hits_cutoff"]["runs"]))
     for r in e["metadata"]:
         print(f"engine metadata {fsize(r['cache_size'])} / {r['line_size'] >> 10} KiB lines: "
               f"{r['bytes_per_line']:.1f} B/line, {r['percent_of_cache']:.3f}% of the cache")

@@ -481,6 +481,8 @@ pub struct HitsResult {
     pub line_size: u64,
     pub lines: u64,
     pub policy: String,
+    /// The volume's sequential cutoff in bytes (0: stream detection off).
+    pub sequential_cutoff: u64,
     pub cpus: usize,
     pub runs: Vec<HitRun>,
 }
@@ -521,6 +523,7 @@ pub fn hits(a: &EngineArgs, cpus: usize) -> Result<HitsResult> {
         line_size: a.hit_line_size,
         lines,
         policy: a.policy.clone(),
+        sequential_cutoff: a.hit_cutoff.unwrap_or(0),
         cpus,
         runs,
     })
