@@ -194,8 +194,8 @@ def engine_section(res):
         if hc:
             w(f"The volume's sequential cutoff is off in the first columns; the last two are a second run with "
               f"it at {hc['sequential_cutoff'] >> 20} MiB, the default of served volumes: every hit then also "
-              "checks the stream detector (docs/design.md, \"Sequential bypass\"; a hit takes its lock only near "
-              "a tracked stream).")
+              "takes the stream detector's lock of its 256 MiB region, and the benchmark's hits all fall in one region "
+              "(docs/design.md, \"Hit path concurrency\").")
             w("")
             w("| threads | requests/s | per thread | µs per request (one thread's view) | requests/s, cutoff on | × cutoff off |")
             w("|---:|---:|---:|---:|---:|---:|")

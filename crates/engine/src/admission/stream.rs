@@ -6,19 +6,9 @@
 //!
 //! [`StreamDetector`] has no locking inside. [`Streams`] is what a volume keeps: one detector per
 //! 256 MiB region modulo 16 shards, each behind its own mutex, so requests to different regions
-//! do not take the same lock; a stream that crosses into the next region is handed over to that
-//! region's shard, so it stays one stream. The engine and the simulator both use `Streams`.
-//! Fixed state (32 streams per shard), no allocation per request.
-//!
-//! A read the cache serves whole (a hit) goes to [`Streams::note_hit`] instead of `bypass`: it
-//! is recorded only if it lands near a stream the shard tracks, which it finds out from a copy
-//! of the streams' positions read without the lock. A hit decides nothing (it is served from
-//! the cache either way), and random hits in one region would otherwise all take one mutex and
-//! write one detector: two threads of hits lost 8–34% to it in the engine benchmark, and each
-//! such hit started a "stream" of its own, pushing real ones out of the 32. The price: a stream
-//! the cache serves whole is tracked from its first request that is not a hit.
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! (most hits) do not take the same lock; a stream that crosses into the next region is handed
+//! over to that region's shard, so it stays one stream. The engine and the simulator both use
+//! `Streams`. Fixed state (32 streams per shard), no allocation per request.
 
 /// Streams tracked per detector; the least recently used one is replaced.
 const STREAMS: usize = 32;
@@ -152,76 +142,15 @@ impl StreamDetector {
 /// A volume's stream detection without one lock for every request: see the module
 /// documentation.
 pub struct Streams {
-    shards: [Shard; SHARDS],
+    shards: [std::sync::Mutex<StreamDetector>; SHARDS],
     cutoff: u64,
-}
-
-/// Where a tracked stream is expected to continue, in `Shard::expected`: none.
-const NOT_TRACKED: u64 = u64::MAX;
-
-struct Shard {
-    detector: std::sync::Mutex<StreamDetector>,
-    /// Each tracked stream's next expected offset (`NOT_TRACKED` for a free entry), copied
-    /// from the detector after every change under its lock; read without it by `note_hit`.
-    /// On cache lines of its own: hits only read it, requests that change streams write it.
-    expected: Positions,
-}
-
-#[repr(align(64))]
-struct Positions([AtomicU64; STREAMS]);
-
-impl Shard {
-    fn new(cutoff: u64) -> Shard {
-        Shard {
-            detector: std::sync::Mutex::new(StreamDetector::new(cutoff)),
-            expected: Positions(std::array::from_fn(|_| AtomicU64::new(NOT_TRACKED))),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, StreamDetector> {
-        // A detector is consistent after any panic (plain numbers).
-        self.detector.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, StreamDetector>> {
-        match self.detector.try_lock() {
-            Ok(d) => Some(d),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
-    }
-
-    /// Copies the detector's positions for `note_hit` (a store only where one changed, so
-    /// readers' cache lines stay valid).
-    fn publish(&self, detector: &StreamDetector) {
-        for (slot, stream) in self.expected.0.iter().zip(&detector.streams) {
-            let at = if stream.run > 0 {
-                stream.next
-            } else {
-                NOT_TRACKED
-            };
-            if slot.load(Ordering::Relaxed) != at {
-                slot.store(at, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Whether a request at `offset` lands within `slack` of a stream the shard tracked when
-    /// it last changed. Racing with a change, it may see positions a few requests old; a
-    /// stream moves by less than the slack per request, so a hit near it is still seen.
-    fn near(&self, offset: u64, slack: u64) -> bool {
-        self.expected.0.iter().any(|e| {
-            let at = e.load(Ordering::Relaxed);
-            at != NOT_TRACKED && offset.abs_diff(at) <= slack
-        })
-    }
 }
 
 impl Streams {
     /// `cutoff` = 0 turns detection off.
     pub fn new(cutoff: u64) -> Streams {
         Streams {
-            shards: std::array::from_fn(|_| Shard::new(cutoff)),
+            shards: std::array::from_fn(|_| std::sync::Mutex::new(StreamDetector::new(cutoff))),
             cutoff,
         }
     }
@@ -240,47 +169,31 @@ impl Streams {
         let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
         // Held across the handover, so the stream's next request (on another thread) waits
         // for it instead of starting a second copy of the stream here.
-        let own_shard = self.shard(region);
-        let mut own = own_shard.lock();
+        let mut own = self.shard(region);
         if region > 0 && offset - region_start <= slack && !own.continues_exactly(offset) {
             // A stream of the previous region may have crossed into this one: move it over.
             // Only tried, never waited for: no thread waits for a second shard while holding
             // one, so threads at different boundaries cannot wait for each other in a ring.
-            let previous_shard = self.shard(region - 1);
-            if let Some(mut previous) = previous_shard.try_lock() {
-                if let Some(stream) = previous.take_crossing(offset, len, region_start) {
-                    previous_shard.publish(&previous);
-                    own.adopt(stream);
+            let previous = &self.shards[((region - 1) % SHARDS as u64) as usize];
+            let taken = match previous.try_lock() {
+                Ok(mut prev) => prev.take_crossing(offset, len, region_start),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    p.into_inner().take_crossing(offset, len, region_start)
                 }
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            if let Some(stream) = taken {
+                own.adopt(stream);
             }
         }
-        let bypass = own.bypass(offset, len);
-        own_shard.publish(&own);
-        bypass
+        own.bypass(offset, len)
     }
 
-    /// Records a read the cache serves whole, if it lands near a stream this volume tracks
-    /// (it may continue it, or halve its evidence); a hit far from every stream changes
-    /// nothing and takes no lock. Its answer would not matter: a hit is served from the
-    /// cache whether or not its stream goes around it.
-    pub fn note_hit(&self, offset: u64, len: u64) {
-        if self.cutoff == 0 {
-            return;
-        }
-        let region = offset >> REGION_SHIFT;
-        let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
-        let near_previous = || {
-            region > 0
-                && offset - (region << REGION_SHIFT) <= slack
-                && self.shard(region - 1).near(offset, slack)
-        };
-        if self.shard(region).near(offset, slack) || near_previous() {
-            self.bypass(offset, len);
-        }
-    }
-
-    fn shard(&self, region: u64) -> &Shard {
-        &self.shards[(region % SHARDS as u64) as usize]
+    fn shard(&self, region: u64) -> std::sync::MutexGuard<'_, StreamDetector> {
+        // A detector is consistent after any panic (plain numbers).
+        self.shards[(region % SHARDS as u64) as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -301,30 +214,6 @@ mod tests {
         assert!(!bypassed[..4].iter().any(|&b| b), "{bypassed:?}");
         assert!(bypassed[4..].iter().all(|&b| b), "{bypassed:?}");
         assert!(!Streams::new(0).bypass(0, mib));
-    }
-
-    /// Hits far from every stream start none (and take no lock); hits that continue a stream
-    /// count for it, in its region or across into the next.
-    #[test]
-    fn hits_count_only_near_a_tracked_stream() {
-        let mib = 1u64 << 20;
-        let streams = Streams::new(4 * mib);
-        for i in 0..64 {
-            streams.note_hit(i * 8 * mib + 4096, 4096);
-        }
-        assert!(
-            !streams.shards.iter().any(|s| s.near(0, u64::MAX)),
-            "a far hit started a stream"
-        );
-        for start in [0, (1 << REGION_SHIFT) - 2 * mib] {
-            assert!(!streams.bypass(start, mib) && !streams.bypass(start + mib, mib));
-            streams.note_hit(start + 2 * mib, mib);
-            streams.note_hit(start + 3 * mib, mib);
-            assert!(
-                streams.bypass(start + 4 * mib, mib),
-                "the hits at {start} + 2 and 3 MiB continued the stream"
-            );
-        }
     }
 
     #[test]
