@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{data, setup, Rng};
 use ssdcache_device::BlockDevice;
-use ssdcache_engine::CleanerConfig;
+use ssdcache_engine::{Cache, CleanerConfig, Volume};
 use ssdcache_format::CacheMode;
 
 const SECTOR: usize = 4096;
@@ -36,6 +36,22 @@ fn bounded<T: Send + 'static>(
         Ok(Err(p)) => std::panic::resume_unwind(p),
         Err(_) => panic!("{what}: no end within {limit:?} (deadlock?)"),
     }
+}
+
+/// What block `block` holds at `version` (0: never written).
+fn block_data(block: u64, version: u64) -> Vec<u8> {
+    if version == 0 {
+        vec![0; SECTOR]
+    } else {
+        data((block << 20) | version, SECTOR)
+    }
+}
+
+fn check_block(got: &[u8], block: u64, version: u64, what: &str) {
+    assert!(
+        got == block_data(block, version),
+        "{what} of block {block} v{version} returned other data"
+    );
 }
 
 fn cleaner_cfg() -> CleanerConfig {
@@ -77,11 +93,10 @@ fn r23_threads_past_eight_shards_hits_writes_cleaner_keep_data() {
                 while !stop.load(Ordering::Relaxed) {
                     let i = (rng.next_u64() % mine.len() as u64) as usize;
                     let off = mine[i] * SECTOR as u64;
-                    let tag = |v: u64| (mine[i] << 20) | v;
                     match rng.next_u64() % 8 {
                         0..=2 => {
                             version[i] += 1;
-                            vol.write(off, &data(tag(version[i]), SECTOR), false)
+                            vol.write(off, &block_data(mine[i], version[i]), false)
                                 .expect("write");
                         }
                         3 => vol.flush().expect("flush"),
@@ -92,33 +107,14 @@ fn r23_threads_past_eight_shards_hits_writes_cleaner_keep_data() {
                                     .map(|(at, r)| cache_dev.read_at(&mut buf[r], at).is_ok())
                                     .collect();
                                 if vol.finish_hit(&plan, &buf, &ok) {
-                                    let want = if version[i] == 0 {
-                                        vec![0; SECTOR]
-                                    } else {
-                                        data(tag(version[i]), SECTOR)
-                                    };
-                                    assert!(
-                                        buf == want,
-                                        "thread {t} block {} v{}: hit returned other data",
-                                        mine[i],
-                                        version[i]
-                                    );
+                                    let what = format!("thread {t}'s hit");
+                                    check_block(&buf, mine[i], version[i], &what);
                                 }
                             }
                         }
                         _ => {
                             vol.read(off, &mut buf).expect("read");
-                            let want = if version[i] == 0 {
-                                vec![0; SECTOR]
-                            } else {
-                                data(tag(version[i]), SECTOR)
-                            };
-                            assert!(
-                                buf == want,
-                                "thread {t} block {} v{}: read returned other data",
-                                mine[i],
-                                version[i]
-                            );
+                            check_block(&buf, mine[i], version[i], &format!("thread {t}'s read"));
                         }
                     }
                     ops.fetch_add(1, Ordering::Relaxed);
@@ -140,16 +136,22 @@ fn r23_threads_past_eight_shards_hits_writes_cleaner_keep_data() {
         for (mine, version) in models {
             for (b, v) in mine.iter().zip(version) {
                 backing.read_at(&mut buf, b * SECTOR as u64).unwrap();
-                let want = if v == 0 {
-                    vec![0; SECTOR]
-                } else {
-                    data((b << 20) | v, SECTOR)
-                };
-                assert!(buf == want, "backing block {b} v{v} lost after drain");
+                check_block(&buf, *b, v, "the backing device after the drain");
             }
         }
         cache.shutdown().expect("shutdown");
     });
+}
+
+/// A write-back cache of 16 MiB over 4 MiB with its first `blocks` 4 KiB blocks written.
+fn cache_with_blocks(blocks: u64) -> (Cache, Arc<Volume>) {
+    let (_cache_dev, _backing, cache) = setup(16 << 20, 4 << 20, LINE, CacheMode::WriteBack);
+    let vol = cache.volumes()[0].clone();
+    for b in 0..blocks {
+        vol.write(b * SECTOR as u64, &data(b, SECTOR), false)
+            .expect("write");
+    }
+    (cache, vol)
 }
 
 /// Hits from 4000 short-lived threads (16 at a time): each registers a crossbeam thread index
@@ -158,13 +160,7 @@ fn r23_threads_past_eight_shards_hits_writes_cleaner_keep_data() {
 #[test]
 fn r23_short_lived_threads_register_and_hit() {
     bounded("short-lived threads", LIMIT, || {
-        let (_c, _b, cache) = setup(16 << 20, 4 << 20, LINE, CacheMode::WriteBack);
-        let cache = Arc::new(cache);
-        let vol = cache.volumes()[0].clone();
-        for b in 0..64u64 {
-            vol.write(b * SECTOR as u64, &data(b, SECTOR), false)
-                .unwrap();
-        }
+        let (_cache, vol) = cache_with_blocks(64);
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
             let (vol, stop) = (vol.clone(), stop.clone());
@@ -211,13 +207,7 @@ fn r23_short_lived_threads_register_and_hit() {
 #[test]
 fn r23_writer_not_starved_by_reader_storm() {
     bounded("writer under read storm", LIMIT, || {
-        let (_c, _b, cache) = setup(16 << 20, 4 << 20, LINE, CacheMode::WriteBack);
-        let cache = Arc::new(cache);
-        let vol = cache.volumes()[0].clone();
-        for b in 0..32u64 {
-            vol.write(b * SECTOR as u64, &data(b, SECTOR), false)
-                .unwrap();
-        }
+        let (_cache, vol) = cache_with_blocks(32);
         let stop = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..16u64)
             .map(|k| {

@@ -12,11 +12,12 @@ use std::sync::Arc;
 
 use common::{counter, format_dev, open_dyn, MIB};
 use ssdcache_devsim::MemDevice;
+use ssdcache_engine::{Cache, Volume};
 use ssdcache_format::CacheMode;
 
 const LINE: u64 = 64 << 10;
 
-fn scan(vol: &ssdcache_engine::Volume, from: u64, to: u64, chunk: usize) {
+fn scan(vol: &Volume, from: u64, to: u64, chunk: usize) {
     let mut buf = vec![0u8; chunk];
     let mut at = from;
     while at < to {
@@ -25,21 +26,27 @@ fn scan(vol: &ssdcache_engine::Volume, from: u64, to: u64, chunk: usize) {
     }
 }
 
-/// A backup read again and again (nightly): each pass should not cache more of it. Prints
-/// what each pass put in the cache.
-#[test]
-fn a_stream_read_again_caches_nothing_more() {
-    let backing = Arc::new(MemDevice::new("backing", 256 * MIB));
-    let cache_dev = Arc::new(MemDevice::new("cache", 128 * MIB));
+/// A write-through cache of `cache_size` over `backing_size`, 4 MiB sequential cutoff.
+fn write_through(backing_size: u64, cache_size: u64) -> (Cache, Arc<Volume>) {
+    let backing = Arc::new(MemDevice::new("backing", backing_size));
+    let cache_dev = Arc::new(MemDevice::new("cache", cache_size));
     format_dev(
         &*cache_dev,
         LINE,
         CacheMode::WriteThrough,
-        256 * MIB,
+        backing_size,
         4 * MIB,
     );
-    let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
+    let (cache, _) = open_dyn(cache_dev, backing);
     let vol = cache.volumes()[0].clone();
+    (cache, vol)
+}
+
+/// A backup read again and again (nightly): each pass should not cache more of it. Prints
+/// what each pass put in the cache.
+#[test]
+fn a_stream_read_again_caches_nothing_more() {
+    let (_cache, vol) = write_through(MIB * 256, MIB * 128);
     let mut per_pass = Vec::new();
     for _ in 0..5 {
         let before = counter(&vol, "bytes_to_cache");
@@ -61,17 +68,7 @@ fn a_stream_read_again_caches_nothing_more() {
 /// a few nights.
 #[test]
 fn a_nightly_backup_of_many_files_caches_nothing_more() {
-    let backing = Arc::new(MemDevice::new("backing", 512 * MIB));
-    let cache_dev = Arc::new(MemDevice::new("cache", 512 * MIB));
-    format_dev(
-        &*cache_dev,
-        LINE,
-        CacheMode::WriteThrough,
-        512 * MIB,
-        4 * MIB,
-    );
-    let (cache, _) = open_dyn(cache_dev.clone(), backing.clone());
-    let vol = cache.volumes()[0].clone();
+    let (_cache, vol) = write_through(MIB * 512, MIB * 512);
     let mut cached = Vec::new();
     for _night in 0..5 {
         // 8 extents of 16 MiB, 32 MiB apart.
