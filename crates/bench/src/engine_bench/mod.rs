@@ -105,8 +105,8 @@ pub struct EngineArgs {
     pub hit_line_size: u64,
     /// hits: the volume's sequential cutoff (default: none, stream detection off). With a
     /// cutoff every hit also takes the stream detector's lock of its 256 MiB region, as served
-    /// volumes do by default (4MiB); the lines are then filled in a shuffled order, which is no
-    /// stream
+    /// volumes do by default (4MiB). The lines are filled in a shuffled order, which is no
+    /// stream to bypass
     #[arg(long, value_parser = parse_size)]
     pub hit_cutoff: Option<u64>,
     /// hits: thread counts, comma-separated, each run for --seconds
