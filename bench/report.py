@@ -240,12 +240,10 @@ def engine_summary(res):
         print(f"engine admit {fsize(r['cache_size'])}: free {r['free']['latency']['mean_us']:.1f} us, "
               f"all dirty {r['all_dirty']['latency']['mean_us']:.1f} us "
               f"(engine {r['all_dirty']['breakdown']['engine_us']:.1f} us)")
-    if e.get("hits"):
-        print("engine hits: " + ", ".join(f"{r['threads']} threads {r['requests_per_sec']:,.0f}/s"
-                                          for r in e["hits"]["runs"]))
-    if e.get("hits_cutoff"):
-        print("engine hits, cutoff on: " + ", ".join(f"{r['threads']} threads {r['requests_per_sec']:,.0f}/s"
-                                                     for r in e["hits_cutoff"]["runs"]))
+    for key, label in (("hits", "engine hits"), ("hits_cutoff", "engine hits, cutoff on")):
+        if e.get(key):
+            print(f"{label}: " + ", ".join(f"{r['threads']} threads {r['requests_per_sec']:,.0f}/s"
+                                          for r in e[key]["runs"]))
     for r in e["metadata"]:
         print(f"engine metadata {fsize(r['cache_size'])} / {r['line_size'] >> 10} KiB lines: "
               f"{r['bytes_per_line']:.1f} B/line, {r['percent_of_cache']:.3f}% of the cache")

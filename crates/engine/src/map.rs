@@ -854,11 +854,11 @@ impl MapState {
     /// writeback that read them before carries older data, or its data may no longer be on
     /// the disk, so they must not be recorded clean.
     fn note_data_changed(&mut self, slot: u32, first: usize, count: usize) {
-        if self.writebacks.is_empty() {
+        let Some(watches) = self.writebacks.get_mut(&slot) else {
             return;
-        }
+        };
         let changed = SectorBitmap::range(first, count);
-        for watch in self.writebacks.get_mut(&slot).into_iter().flatten() {
+        for watch in watches {
             watch.changed.union_with(&changed);
         }
     }
