@@ -291,8 +291,8 @@ impl Volume {
         self.streams.cutoff()
     }
 
-    /// Records a request the cache may not serve whole with the stream detector: true when it
-    /// continues a stream past the cutoff and bypasses the cache.
+    /// Records a request with the stream detector: true when it continues a stream past the
+    /// cutoff and bypasses the cache.
     fn stream_bypass(&self, offset: u64, length: u64) -> bool {
         self.streams.bypass(offset, length)
     }
@@ -536,16 +536,8 @@ impl Volume {
             return self.read_backing(buf, offset);
         }
         let held = self.lock_for_read(offset, length);
-        // A read the cache holds whole is served from it whatever the detector says; it only
-        // leaves a note for the detector (`note_hit`, no lock), which a later miss of the same
-        // stream counts. The held lines keep it whole until it is served.
-        let bypass = if self.sequential_cutoff() > 0 && self.all_cached(offset, length) {
-            self.streams.note_hit(offset, length);
-            false
-        } else {
-            self.stream_bypass(offset, length)
-        };
-        if bypass {
+        let bypass = self.stream_bypass(offset, length);
+        if bypass && !self.all_cached(offset, length) {
             // A stream reads on from the backing device in one piece: serving the cached parts
             // from the cache would break the disk's streaming into seeks. Dirty sectors are
             // laid over it from the cache.
@@ -578,6 +570,7 @@ impl Volume {
         Ok(())
     }
 
+    /// True when every sector of the range is in the cache.
     /// Whether a write-back write would find a slot to dirty for every segment now (as
     /// `slot_to_dirty` decides, without allocating): below the dirty limit, or every line
     /// holds dirty data already.
@@ -591,7 +584,6 @@ impl Volume {
             })
     }
 
-    /// True when every sector of the range is in the cache.
     fn all_cached(&self, offset: u64, length: u64) -> bool {
         let map = self.core.map_read();
         self.segments(offset, length)

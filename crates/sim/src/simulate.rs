@@ -274,10 +274,15 @@ impl Simulation {
         if r.len == 0 {
             return;
         }
+        let bypass = self.config.sequential_cutoff > 0
+            && self
+                .streams
+                .entry(r.volume)
+                .or_insert_with(|| Streams::new(self.config.sequential_cutoff))
+                .bypass(r.offset, r.len);
         let line_size = self.config.line_size;
         let first = r.offset >> self.line_shift;
         let last = (r.offset + r.len - 1) >> self.line_shift;
-        let bypass = self.config.sequential_cutoff > 0 && self.stream_bypass(r, first, last);
         for line in first..=last {
             let start = (line << self.line_shift).max(r.offset);
             let end = ((line + 1) << self.line_shift).min(r.offset + r.len);
@@ -291,23 +296,6 @@ impl Simulation {
                 Op::Read => self.read_line(key, bytes, bypass),
                 Op::Write => self.write_line(key, bytes, bypass),
             }
-        }
-    }
-
-    /// Tells the volume's stream detector of `r` (lines `first..=last`) as the engine does: a
-    /// read the cache holds whole is a hit, which never goes around the cache.
-    fn stream_bypass(&mut self, r: &Request, first: u64, last: u64) -> bool {
-        let hit = r.op == Op::Read
-            && (first..=last).all(|line| self.slots.slot_of(block_key(r.volume, line)).is_some());
-        let streams = self
-            .streams
-            .entry(r.volume)
-            .or_insert_with(|| Streams::new(self.config.sequential_cutoff));
-        if hit {
-            streams.note_hit(r.offset, r.len);
-            false
-        } else {
-            streams.bypass(r.offset, r.len)
         }
     }
 

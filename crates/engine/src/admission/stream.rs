@@ -6,19 +6,9 @@
 //!
 //! [`StreamDetector`] has no locking inside. [`Streams`] is what a volume keeps: one detector per
 //! 256 MiB region modulo 16 shards, each behind its own mutex, so requests to different regions
-//! do not take the same lock; a stream that crosses into the next region is handed over to
-//! that region's shard, so it stays one stream. The engine and the simulator both use
+//! (most hits) do not take the same lock; a stream that crosses into the next region is handed
+//! over to that region's shard, so it stays one stream. The engine and the simulator both use
 //! `Streams`. Fixed state (32 streams per shard), no allocation per request.
-//!
-//! Cache hits take no lock here. A read the cache serves whole cannot go around the cache, so
-//! the detector needs it only as evidence for a later request the cache cannot serve whole: a
-//! stream read again starts on its cached head, and must arrive at its first miss already
-//! counted past the cutoff, or every pass would cache one more cutoff of it (review 24,
-//! `tests/stream_rescans.rs`). So a hit only leaves a note in [`HitRuns`], a fixed table of
-//! atomics keyed by where a run of hits ends, and a request the cache cannot serve whole looks
-//! up the run of hits ending exactly where it starts (walking back through runs that end where
-//! the next begins) and counts it as if the detector had seen those hits (`Streams::bypass`).
-//! Random hits thus neither wait for a lock nor push a tracked stream out of its detector.
 
 /// Streams tracked per detector; the least recently used one is replaced.
 const STREAMS: usize = 32;
@@ -29,13 +19,6 @@ const REGION_SHIFT: u32 = 28;
 /// is expected continues it (the requests of a deep sequential queue arrive out of order).
 const SLACK: u64 = 1 << 20;
 const SLACK_REQUESTS: u64 = 2;
-/// `HitRuns`: notes kept (a power of two), and runs followed back from a request at most.
-const HIT_NOTES: usize = 1 << 15;
-const HIT_WALK_STEPS: usize = 64;
-/// `HitRuns` counts in 512-byte units: 40 bits of a run's end (512 TiB, ends beyond wrap
-/// round, which can only make a note miss) and 24 bits of its length (up to 8 GiB).
-const NOTE_UNIT_SHIFT: u32 = 9;
-const NOTE_LEN_BITS: u32 = 24;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Stream {
@@ -126,19 +109,8 @@ impl StreamDetector {
     /// Records a request and says whether it should bypass the cache: true when it continues
     /// a stream that had already moved `cutoff` bytes.
     pub fn bypass(&mut self, offset: u64, len: u64) -> bool {
-        self.bypass_after_hits(offset, len, 0)
-    }
-
-    /// As [`StreamDetector::bypass`], for a request that `hits` bytes of cache hits ran up to
-    /// (a run of hits ending exactly at `offset`, which this detector did not see): when the
-    /// request does not continue a stream exactly, the hits are counted first as one request
-    /// of their own, so a stream that reached them, or that began on them, has moved them too.
-    pub fn bypass_after_hits(&mut self, offset: u64, len: u64, hits: u64) -> bool {
         if self.cutoff == 0 {
             return false;
-        }
-        if hits > 0 && !self.continues_exactly(offset) {
-            self.bypass(offset - hits.min(offset), hits.min(offset));
         }
         self.clock += 1;
         let now = self.clock;
@@ -171,7 +143,6 @@ impl StreamDetector {
 /// documentation.
 pub struct Streams {
     shards: [std::sync::Mutex<StreamDetector>; SHARDS],
-    hits: HitRuns,
     cutoff: u64,
 }
 
@@ -180,16 +151,7 @@ impl Streams {
     pub fn new(cutoff: u64) -> Streams {
         Streams {
             shards: std::array::from_fn(|_| std::sync::Mutex::new(StreamDetector::new(cutoff))),
-            hits: HitRuns::new(if cutoff == 0 { 0 } else { HIT_NOTES }),
             cutoff,
-        }
-    }
-
-    /// Notes a read the cache served whole (see the module documentation): no lock, one
-    /// load and one store of the table's atomics.
-    pub fn note_hit(&self, offset: u64, len: u64) {
-        if self.cutoff > 0 {
-            self.hits.note(offset, len, self.cutoff);
         }
     }
 
@@ -197,32 +159,26 @@ impl Streams {
         self.cutoff
     }
 
-    /// As [`StreamDetector::bypass`], for the whole volume: a request the cache may not serve
-    /// whole (a read that misses, in part or whole, or a write). Hits noted up to `offset` count
-    /// first (the module documentation).
+    /// As [`StreamDetector::bypass`], for the whole volume.
     pub fn bypass(&self, offset: u64, len: u64) -> bool {
         if self.cutoff == 0 {
             return false;
         }
-        let hits = self.hits.run_ending_at(offset, self.cutoff);
         let region = offset >> REGION_SHIFT;
         let region_start = region << REGION_SHIFT;
-        // Where the evidence begins: the run of hits, else the request.
-        let (first, first_len) = (offset - hits, hits + len);
         let slack = SLACK + SLACK_REQUESTS.saturating_mul(len);
         // Held across the handover, so the stream's next request (on another thread) waits
         // for it instead of starting a second copy of the stream here.
         let mut own = self.shard(region);
-        let near_start = first < region_start || first - region_start <= slack;
-        if region > 0 && near_start && !own.continues_exactly(first) {
+        if region > 0 && offset - region_start <= slack && !own.continues_exactly(offset) {
             // A stream of the previous region may have crossed into this one: move it over.
             // Only tried, never waited for: no thread waits for a second shard while holding
             // one, so threads at different boundaries cannot wait for each other in a ring.
             let previous = &self.shards[((region - 1) % SHARDS as u64) as usize];
             let taken = match previous.try_lock() {
-                Ok(mut prev) => prev.take_crossing(first, first_len, region_start),
+                Ok(mut prev) => prev.take_crossing(offset, len, region_start),
                 Err(std::sync::TryLockError::Poisoned(p)) => {
-                    p.into_inner().take_crossing(first, first_len, region_start)
+                    p.into_inner().take_crossing(offset, len, region_start)
                 }
                 Err(std::sync::TryLockError::WouldBlock) => None,
             };
@@ -230,7 +186,7 @@ impl Streams {
                 own.adopt(stream);
             }
         }
-        own.bypass_after_hits(offset, len, hits)
+        own.bypass(offset, len)
     }
 
     fn shard(&self, region: u64) -> std::sync::MutexGuard<'_, StreamDetector> {
@@ -238,87 +194,6 @@ impl Streams {
         self.shards[(region % SHARDS as u64) as usize]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Where recent runs of cache hits end, and how long they are: a fixed table of `AtomicU64`,
-/// one note per place, a note packing a run's end and length (`NOTE_UNIT_SHIFT`). A hit that
-/// starts where a noted run ends extends it (the note moves to the hit's end); a run that
-/// another thread's hit broke in two stays walkable, each part noted at its own end. Places
-/// are shared by hashing, so a note may be overwritten by another run's: evidence lost, never
-/// invented (a note counts only where its end matches exactly). Relaxed atomics: a note is a
-/// hint about access order, which nothing else depends on.
-struct HitRuns {
-    notes: Box<[std::sync::atomic::AtomicU64]>,
-}
-
-impl HitRuns {
-    /// `places` a power of two, or 0 for none (detection off).
-    fn new(places: usize) -> HitRuns {
-        debug_assert!(places == 0 || places.is_power_of_two());
-        HitRuns {
-            notes: (0..places)
-                .map(|_| std::sync::atomic::AtomicU64::new(0))
-                .collect(),
-        }
-    }
-
-    fn unit(bytes: u64) -> u64 {
-        bytes >> NOTE_UNIT_SHIFT
-    }
-
-    fn place(&self, end_unit: u64) -> Option<&std::sync::atomic::AtomicU64> {
-        if self.notes.is_empty() {
-            return None;
-        }
-        let hash = end_unit.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-        self.notes.get(hash as usize & (self.notes.len() - 1))
-    }
-
-    fn pack(end_unit: u64, len_units: u64) -> u64 {
-        let most = (1u64 << NOTE_LEN_BITS) - 1;
-        (end_unit << NOTE_LEN_BITS) | len_units.min(most)
-    }
-
-    /// The run noted as ending exactly at `end_unit`, in units.
-    fn noted_at(&self, end_unit: u64) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let note = self.place(end_unit)?.load(Relaxed);
-        let end_bits = 64 - NOTE_LEN_BITS;
-        let mask = (1u64 << end_bits) - 1;
-        let len = note & ((1u64 << NOTE_LEN_BITS) - 1);
-        (len > 0 && note >> NOTE_LEN_BITS == end_unit & mask).then_some(len)
-    }
-
-    /// Notes a hit of `len` bytes at `offset`; runs are kept up to `most` bytes.
-    fn note(&self, offset: u64, len: u64, most: u64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let (start, end) = (Self::unit(offset), Self::unit(offset.saturating_add(len)));
-        if end <= start {
-            return;
-        }
-        let before = self.noted_at(start).unwrap_or(0);
-        let run = (before + (end - start)).min(Self::unit(most).max(1));
-        if let Some(place) = self.place(end) {
-            place.store(Self::pack(end, run), Relaxed);
-        }
-    }
-
-    /// Bytes of hits run up to `offset` (followed back through runs that end where the next
-    /// begins, at most `HIT_WALK_STEPS` of them), at most `most`.
-    fn run_ending_at(&self, offset: u64, most: u64) -> u64 {
-        let most_units = Self::unit(most).max(1);
-        let mut at = Self::unit(offset);
-        let mut total = 0u64;
-        for _ in 0..HIT_WALK_STEPS {
-            let Some(len) = self.noted_at(at) else { break };
-            total += len;
-            if total >= most_units || len > at {
-                break;
-            }
-            at -= len;
-        }
-        (total.min(most_units) << NOTE_UNIT_SHIFT).min(offset)
     }
 }
 
@@ -409,61 +284,5 @@ mod tests {
             !StreamDetector::new(0).bypass(a + 6 * mib, mib),
             "cutoff 0 = off"
         );
-    }
-    /// Hits noted by threads that broke a run in two (each part noted at its own end), or
-    /// arriving out of order, still add up: a request after them finds the whole run.
-    #[test]
-    fn runs_of_hits_add_up_through_broken_and_reordered_notes() {
-        let kib = 1u64 << 10;
-        let runs = HitRuns::new(HIT_NOTES);
-        let cutoff = 4 << 20;
-        // 0..64 KiB in order, 128..192 KiB before 64..128 KiB (another thread's hit first).
-        runs.note(0, 64 * kib, cutoff);
-        runs.note(128 * kib, 64 * kib, cutoff);
-        runs.note(64 * kib, 64 * kib, cutoff);
-        assert_eq!(runs.run_ending_at(192 * kib, cutoff), 192 * kib);
-        // Nothing ends at 96 KiB, and a run is capped at the cutoff.
-        assert_eq!(runs.run_ending_at(96 * kib, cutoff), 0);
-        assert_eq!(runs.run_ending_at(192 * kib, 100 * kib), 100 * kib);
-        // A run is followed back no further than its notes go.
-        runs.note(1 << 30, 4 * kib, cutoff);
-        assert_eq!(runs.run_ending_at((1 << 30) + 4 * kib, cutoff), 4 * kib);
-        // Detection off: no notes at all.
-        let off = HitRuns::new(0);
-        off.note(0, 64 * kib, cutoff);
-        assert_eq!(off.run_ending_at(64 * kib, cutoff), 0);
-    }
-
-    /// Hits a detector did not see count for the stream that reached them, and for a stream
-    /// that began on them; a random request after a short run of hits is no stream.
-    #[test]
-    fn hits_before_a_request_count_for_its_stream() {
-        let mib = 1u64 << 20;
-        let mut d = StreamDetector::new(4 * mib);
-        // A stream moved 1 MiB, then 2 MiB of hits, then misses: past the cutoff at 4 MiB.
-        assert!(!d.bypass(0, mib));
-        assert!(!d.bypass_after_hits(3 * mib, mib, 2 * mib));
-        assert!(d.bypass(4 * mib, mib));
-        // A stream read again from its cached head (4 MiB of hits): past the cutoff at once.
-        let far = 100 << 30;
-        assert!(d.bypass_after_hits(far + 4 * mib, mib, 4 * mib));
-        // One 64 KiB hit before a random request: not a stream.
-        assert!(!d.bypass_after_hits(50 << 30, 4096, 64 << 10));
-    }
-
-    /// Through `Streams`: random hits take no place in a detector, and a stream read again
-    /// over its cached head goes around the cache from its first miss.
-    #[test]
-    fn streams_count_noted_hits() {
-        let mib = 1u64 << 20;
-        let streams = Streams::new(4 * mib);
-        for i in 0..4 {
-            streams.note_hit(i * mib, mib);
-        }
-        for i in 0..1000u64 {
-            streams.note_hit((i * 7919 % 4096) * 64 * mib + 8 * mib, 4096);
-        }
-        assert!(streams.bypass(4 * mib, mib), "the stream's head was noted");
-        assert!(!streams.bypass(64 * mib + 8 * mib + 4096 * 3, 4096));
     }
 }

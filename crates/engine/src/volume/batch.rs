@@ -134,8 +134,8 @@ impl Volume {
             }
             self.count(Counter::BytesFromCache, p.seg.len as u64);
         }
-        // The stream detector hears of every read once, a hit as `read` notes one (no lock).
-        self.streams.note_hit(plan.offset, plan.length);
+        // The stream detector sees every read once, as `read` shows them to it.
+        self.stream_bypass(plan.offset, plan.length);
         self.count(Counter::Reads, 1);
         self.count(Counter::BytesRead, plan.length);
         self.count(Counter::ReadHits, 1);
