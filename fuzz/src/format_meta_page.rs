@@ -7,6 +7,8 @@
 //! recomputed (so mutations reach the field checks behind it). The checkpoint number and
 //! first slot the caller expects are taken from the page itself, so both paths get past
 //! those checks; a second decode expecting the next checkpoint must refuse it.
+//! `MetaPage::decode_checksums` accepts exactly the pages `decode` accepts and gives the
+//! checksums of the records `decode` returns (zeroes past the record count).
 
 use ssdcache_format::{LineRecord, MetaPage, MetaPageError, SECTOR_SIZE};
 
@@ -29,6 +31,16 @@ pub fn check(data: &[u8]) {
 
     fix_crc(&mut page, CRC_AT);
     let decoded = MetaPage::decode(&page, checkpoint, first, line_size);
+    let spl = LineRecord::sectors(line_size);
+    let mut crcs = vec![0u32; MetaPage::records_per_page(line_size) as usize * spl];
+    let only_crcs = MetaPage::decode_checksums(&page, checkpoint, first, line_size, &mut crcs);
+    assert_eq!(only_crcs.is_ok(), decoded.is_ok(), "decode_checksums and decode disagree");
+    if let Ok(records) = &decoded {
+        let expected: Vec<u32> = (0..crcs.len() / spl)
+            .flat_map(|i| (0..spl).map(move |s| records.get(i).map_or(0, |r| r.crc(s))))
+            .collect();
+        assert_eq!(crcs, expected, "decode_checksums gave other checksums than decode");
+    }
     let records = match decoded {
         Ok(records) => records,
         Err(MetaPageError::BadChecksum { stored, computed }) => {
@@ -89,6 +101,13 @@ pub fn seeds() -> Vec<Vec<u8>> {
             seed.extend(trimmed(page));
             seeds.push(seed);
         }
+        // A page of checksums only, as a running engine writes them.
+        let crcs: Vec<u32> = (0..(per_page * sectors) as u32).map(|i| 0xc5c5_0000 | i).collect();
+        let mut page = vec![0u8; PAGE];
+        MetaPage::encode_checksums(1 << 63 | 5, per_page as u64, line_size, &crcs, &mut page);
+        let mut seed = vec![line_size_selector(line_size)];
+        seed.extend(trimmed(page));
+        seeds.push(seed);
     }
     seeds
 }

@@ -11,6 +11,7 @@
 //! writeback_low = 40                 # ... down to 40%
 //! writeback_max_age = 30             # write back dirty data older than 30 s when possible
 //! dirty_limit = 80                   # write-back: at most 80% of the lines dirty
+//! checksum_memory = "64MiB"          # RAM for data checksums ("all": every page, 0.1%)
 //! policy = "lirs"                    # the cache's replacement policy (one per cache)
 //! record_trace = "/var/tmp/sdb.trace" # record the clients' requests (see docs/operations.md)
 //! record_sample = 0.01               # ... of 1% of the 1 MiB regions
@@ -58,6 +59,7 @@ pub struct FileConfig {
     pub writeback_low: Option<f64>,
     pub writeback_max_age: Option<u64>,
     pub dirty_limit: Option<f64>,
+    pub checksum_memory: Option<SizeValue>,
     pub record_trace: Option<PathBuf>,
     pub record_sample: Option<f64>,
     pub record_max_size: Option<SizeValue>,
@@ -96,6 +98,14 @@ pub enum SizeValue {
 }
 
 impl SizeValue {
+    /// `checksum_memory`: a size, or "all".
+    pub fn checksum_memory(&self) -> Result<u64> {
+        match self {
+            SizeValue::Text(s) if s.eq_ignore_ascii_case("all") => Ok(u64::MAX),
+            _ => self.bytes("checksum_memory"),
+        }
+    }
+
     pub fn bytes(&self, key: &str) -> Result<u64> {
         match self {
             SizeValue::Bytes(n) => Ok(*n),

@@ -73,6 +73,20 @@ pub struct StatsReport {
     /// The workload recording of `serve --record-trace`, while the daemon records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<RecordStatus>,
+    /// Live: the data checksums kept in RAM (`serve --checksum-memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_pages: Option<ChecksumPagesReport>,
+}
+
+/// The metadata pages of data checksums in RAM, and their reads and writes since the start.
+#[derive(Serialize, Deserialize)]
+pub struct ChecksumPagesReport {
+    pub resident_bytes: u64,
+    pub budget_bytes: u64,
+    pub modified_pages: u64,
+    pub pages_read: u64,
+    pub pages_written: u64,
+    pub pages_lost: u64,
 }
 
 fn volume_report(v: &VolumeStats) -> VolumeReport {
@@ -119,6 +133,7 @@ fn stats_report(
         volumes: vols.iter().map(volume_report).collect(),
         dirty_limit_lines: None,
         recording: None,
+        checksum_pages: None,
     }
 }
 
@@ -128,9 +143,18 @@ pub fn live_stats(
     recording: Option<RecordStatus>,
 ) -> StatsReport {
     let vols: Vec<VolumeStats> = cache.volumes().iter().map(|v| v.stats()).collect();
+    let c = cache.checksum_usage();
     StatsReport {
         recording,
         dirty_limit_lines: Some(cache.dirty_limit_lines()),
+        checksum_pages: Some(ChecksumPagesReport {
+            resident_bytes: c.resident_frames * c.frame_bytes,
+            budget_bytes: c.budget_frames.saturating_mul(c.frame_bytes),
+            modified_pages: c.modified_frames,
+            pages_read: c.pages_read,
+            pages_written: c.pages_written,
+            pages_lost: c.pages_lost,
+        }),
         ..stats_report("live", &cache.superblock(), cache_path, &vols)
     }
 }
@@ -191,6 +215,28 @@ fn print_stats(r: &StatsReport) {
         println!(
             "dirty lines {dirty} of at most {limit} ({:.0}% of the cache: the dirty limit)",
             100.0 * limit as f64 / r.lines.max(1) as f64
+        );
+    }
+    if let Some(c) = &r.checksum_pages {
+        // All the checksums take 4 bytes per 4 KiB of cache.
+        let budget = if c.budget_bytes >= r.capacity_bytes / 1024 {
+            "every page".to_owned()
+        } else {
+            human(c.budget_bytes)
+        };
+        println!(
+            "checksums in RAM {} (budget {budget}); metadata pages read {}, written {}{}",
+            human(c.resident_bytes),
+            c.pages_read,
+            c.pages_written,
+            if c.pages_lost > 0 {
+                format!(
+                    ", LOST {} (their clean data is read from the backing device)",
+                    c.pages_lost
+                )
+            } else {
+                String::new()
+            }
         );
     }
     if let Some(t) = &r.recording {

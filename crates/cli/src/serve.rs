@@ -26,7 +26,7 @@ use crate::devices::{open_backings, open_cache_device, parse_backing};
 use crate::signals::StopEvents;
 use crate::size::{human, parse_size};
 use crate::tuning::CacheTuning;
-use crate::usage::usage_error;
+use crate::usage::{as_usage_error, usage_error};
 
 const MAX_REQUEST: u32 = 32 << 20;
 
@@ -86,6 +86,13 @@ pub struct ServeArgs {
     /// [default: 80]
     #[arg(long, value_name = "PERCENT")]
     dirty_limit: Option<f64>,
+    /// RAM kept for data checksums (one CRC32C per 4 KiB of cache, 0.1% of the cache in all).
+    /// The metadata pages holding the checksums of this much stay in RAM; the others are
+    /// read from the cache device when a request needs them (a 4 KiB read beside the data)
+    /// and written back when they changed. `all` keeps every page once read: no extra reads,
+    /// 0.1% of the cache in RAM [default: 0.01% of the cache, at least 1MiB]
+    #[arg(long, value_name = "SIZE|all", value_parser = parse_checksum_memory)]
+    checksum_memory: Option<u64>,
     /// Record the clients' reads and writes to FILE (time, volume, offset, length; never
     /// data), for `ssdcache simulate`, `mrc` and `advise`. Write-zeroes count as writes;
     /// trims, flushes and cache hints are not recorded. About 30 bytes per request. The
@@ -150,6 +157,8 @@ struct Settings {
     cleaner: CleanerConfig,
     /// Share of lines that may be dirty (`Cache::set_dirty_limit`).
     dirty_limit: f64,
+    /// RAM for checksum pages (`Cache::set_checksum_memory`); `None`: the engine's default.
+    checksum_memory: Option<u64>,
     tuning: CacheTuning,
     record: Option<(PathBuf, RecordConfig)>,
     limits: Limits,
@@ -205,6 +214,11 @@ fn settings(args: ServeArgs) -> Result<Settings> {
             "--dirty-limit must be a percentage from 0 to 100 (got {dirty_limit})"
         )));
     }
+    let checksum_memory = match (args.checksum_memory, &file.checksum_memory) {
+        (Some(bytes), _) => Some(bytes),
+        (None, Some(value)) => Some(value.checksum_memory().map_err(as_usage_error)?),
+        (None, None) => None,
+    };
     let max_age = args
         .writeback_max_age
         .or(file.writeback_max_age)
@@ -218,6 +232,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
     Ok(Settings {
         cleaner,
         dirty_limit: dirty_limit / 100.0,
+        checksum_memory,
         cache,
         socket: args.socket.or(file.socket),
         listen: args.listen.or(file.listen),
@@ -229,6 +244,15 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         record,
         limits,
     })
+}
+
+/// `--checksum-memory`: a size, or `all` (every page kept once read).
+fn parse_checksum_memory(s: &str) -> std::result::Result<u64, String> {
+    if s.eq_ignore_ascii_case("all") {
+        Ok(u64::MAX)
+    } else {
+        parse_size(s)
+    }
 }
 
 const DEFAULT_MAX_CONNECTIONS: usize = 128;
@@ -653,6 +677,11 @@ fn start_serving(
         );
     }
     cache.set_dirty_limit(s.dirty_limit);
+    if let Some(bytes) = s.checksum_memory {
+        cache
+            .set_checksum_memory(bytes)
+            .context("setting --checksum-memory")?;
+    }
     cache.start_cleaner(s.cleaner.clone());
     watch_halt(cache.clone(), stops.sender())?;
     spawn_listener(server, "unix", stops, move |server| server.serve_unix(nbd))?;

@@ -11,11 +11,12 @@ use ssdcache_format::{
 };
 
 use crate::admission::Admission;
+use crate::checksums::{self, ChecksumPages, ChecksumUsage, PageContent, PageRead, Pressure};
 use crate::commit::{self, Backing, CommitPurpose, Commits};
 use crate::error::{EngineError, Result};
 use crate::journal::{self, JournalPosition};
 use crate::locks::LineLocks;
-use crate::map::{dirty_limit_lines, Invariant, MapState};
+use crate::map::{dirty_limit_lines, Invariant, MapState, NeedPages, RestoreChecksums};
 use crate::policy;
 use crate::superblock::write_superblock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +26,26 @@ use crate::volume::Volume;
 
 /// Metadata pages are read and written this many at a time (1 MiB).
 const META_BATCH_PAGES: usize = 256;
+
+/// Times an operation needing checksum pages reads them without the map's lock before it
+/// reads them under it (`CacheCore::read_map_paged`); and the most rounds of that.
+const PAGE_IN_ATTEMPTS: usize = 3;
+const LOCKED_PAGE_IN_ROUNDS: usize = 1024;
+/// Modified checksum pages written per round when the frames are over their budget.
+const PAGE_WRITES_PER_ROUND: usize = 64;
+
+/// Keeps checksum frames in RAM while it lives (`CacheCore::hold_checksum_pages`).
+pub(crate) struct ChecksumHold<'c>(&'c CacheCore);
+
+impl Drop for ChecksumHold<'_> {
+    fn drop(&mut self) {
+        let mut map = self.0.map();
+        map.checksums_mut().release();
+        map.checksums_mut().shrink_to_budget();
+    }
+}
+
+type Checked<T = ()> = std::result::Result<T, Invariant>;
 
 /// What the volumes of one cache device share.
 pub(crate) struct CacheCore {
@@ -84,6 +105,186 @@ impl CacheCore {
     ) -> Result<T> {
         let result = op(&mut self.map());
         result.map_err(|Invariant(what)| self.halt(what))
+    }
+
+    /// Runs `op` on the map under its read lock. When it returns `NeedPages` (checksums it
+    /// needs are not in RAM), those metadata pages are read without the lock and `op` runs
+    /// again; after `PAGE_IN_ATTEMPTS` such rounds (other threads' pages took the frames
+    /// meanwhile) the pages are read under the write lock, which keeps them until `op` ran.
+    /// `op` must change nothing before it returns `NeedPages`.
+    pub fn read_map_paged<T>(
+        &self,
+        mut op: impl FnMut(&MapState) -> std::result::Result<T, NeedPages>,
+    ) -> Result<T> {
+        for _ in 0..PAGE_IN_ATTEMPTS {
+            // The read guard must be gone before `page_in` takes the lock.
+            let tried = op(&self.map_read());
+            match tried {
+                Ok(t) => return Ok(t),
+                Err(NeedPages(pages)) => self.page_in(&pages)?,
+            }
+        }
+        self.locked_page_in(|map| op(map))
+    }
+
+    /// As `read_map_paged`, under the write lock; a failed invariant halts the engine.
+    pub fn write_map_paged<T>(
+        &self,
+        mut op: impl FnMut(&mut MapState) -> std::result::Result<Checked<T>, NeedPages>,
+    ) -> Result<T> {
+        for _ in 0..PAGE_IN_ATTEMPTS {
+            let (tried, pressure) = {
+                let mut map = self.map();
+                let tried = op(&mut map);
+                (tried, map.checksums().pressure())
+            };
+            self.relieve(pressure)?;
+            let need = match tried {
+                Ok(result) => return result.map_err(|Invariant(what)| self.halt(what)),
+                Err(NeedPages(pages)) => pages,
+            };
+            self.page_in(&need)?;
+        }
+        self.locked_page_in(|map| op(map))?
+            .map_err(|Invariant(what)| self.halt(what))
+    }
+
+    /// Runs `op` under the write lock, reading the pages it asks for under the lock and
+    /// keeping every frame until it ran (bounded: each round installs what it asked for).
+    fn locked_page_in<T>(
+        &self,
+        mut op: impl FnMut(&mut MapState) -> std::result::Result<T, NeedPages>,
+    ) -> Result<T> {
+        let mut map = self.map();
+        map.checksums_mut().hold();
+        let mut result = Err(self.cache_err(std::io::Error::other(
+            "the checksum pages a request needs kept being asked for",
+        )));
+        for _ in 0..LOCKED_PAGE_IN_ROUNDS {
+            match op(&mut map) {
+                Ok(t) => {
+                    result = Ok(t);
+                    break;
+                }
+                Err(NeedPages(pages)) => {
+                    for page in pages {
+                        let plan = map.checksums().read_plan(page);
+                        let content = self.read_checksum_page(&plan);
+                        map.install_checksums(&plan, content);
+                    }
+                }
+            }
+        }
+        map.checksums_mut().release();
+        map.checksums_mut().shrink_to_budget();
+        let pressure = map.checksums().pressure();
+        drop(map);
+        self.relieve(pressure)?;
+        result
+    }
+
+    /// Reads checksum pages without the map's lock and installs them (docs/design.md §3,
+    /// "Checksums out of RAM"); then writes modified pages if the frames are over budget.
+    pub fn page_in(&self, pages: &[u32]) -> Result<()> {
+        let plans: Vec<PageRead> = {
+            let map = self.map_read();
+            pages
+                .iter()
+                .filter(|&&p| !map.checksums().is_page_resident(p))
+                .map(|&p| map.checksums().read_plan(p))
+                .collect()
+        };
+        let contents: Vec<PageContent> = plans.iter().map(|p| self.read_checksum_page(p)).collect();
+        let pressure = {
+            let mut map = self.map();
+            for (plan, content) in plans.iter().zip(contents) {
+                map.install_checksums(plan, content);
+            }
+            map.checksums().pressure()
+        };
+        self.relieve(pressure)
+    }
+
+    /// Modified checksum frames over their budget are written by the committer when one
+    /// runs (asked here), so no client request waits for them; by the caller when none runs
+    /// (tests, offline tools) or when the frames reached their hard limit.
+    fn relieve(&self, pressure: Pressure) -> Result<()> {
+        match pressure {
+            Pressure::None => Ok(()),
+            Pressure::WriteSoon if self.commits.requests().ask_for_page_writes() => Ok(()),
+            Pressure::WriteSoon | Pressure::WriteNow => self.write_due_checksum_pages(),
+        }
+    }
+
+    /// One checksum page as `plan` says: zeroes when the device holds nothing of it this run;
+    /// lost when it cannot be read or fails its checks.
+    fn read_checksum_page(&self, plan: &PageRead) -> PageContent {
+        let Some((offset, _)) = plan.from else {
+            return PageContent::Zeroes;
+        };
+        let mut page = AlignedBuf::zeroed(SECTOR_SIZE as usize);
+        match self.dev.read_at(&mut page, offset) {
+            Ok(()) => ChecksumPages::decode(self.layout.line_size, plan, &page),
+            Err(e) => {
+                tracing::warn!(
+                    "metadata page {} of {} could not be read ({e}): the checksums of its \
+                     lines are lost",
+                    plan.page,
+                    self.dev.describe()
+                );
+                PageContent::Lost
+            }
+        }
+    }
+
+    /// Writes modified checksum pages while the frames are over their budget, so they can be
+    /// dropped (a few rounds at most; what is left waits for the next call). A failed write
+    /// keeps its frame modified and in RAM.
+    pub fn write_due_checksum_pages(&self) -> Result<()> {
+        let line_size = self.layout.line_size;
+        let mut page = AlignedBuf::zeroed(SECTOR_SIZE as usize);
+        for _ in 0..4 {
+            let writes = {
+                let mut map = self.map();
+                if !map.checksums().writes_due() {
+                    return Ok(());
+                }
+                map.checksums_mut()
+                    .take_due_writes(PAGE_WRITES_PER_ROUND, false)
+            };
+            if writes.is_empty() {
+                return Ok(());
+            }
+            let done: Vec<bool> = writes
+                .iter()
+                .map(|w| {
+                    ChecksumPages::encode(line_size, w, &mut page);
+                    let result = self.dev.write_at(&page, w.offset);
+                    if let Err(e) = &result {
+                        tracing::warn!(
+                            "metadata page {} of {} could not be written ({e}): its checksums \
+                             stay in memory",
+                            w.page,
+                            self.dev.describe()
+                        );
+                    }
+                    result.is_ok()
+                })
+                .collect();
+            let mut map = self.map();
+            for (w, ok) in writes.iter().zip(done) {
+                map.checksums_mut().written(w, ok);
+            }
+            map.checksums_mut().shrink_to_budget();
+        }
+        Ok(())
+    }
+
+    /// Keeps every checksum frame in RAM while the guard lives (a commit gathering its
+    /// records: pages it reads are not dropped before it has them all).
+    pub fn hold_checksum_pages(&self) -> ChecksumHold<'_> {
+        self.map().checksums_mut().hold();
+        ChecksumHold(self)
     }
 
     /// Stops the engine after a failed check (docs/design.md §4.7) and returns the error to
@@ -148,12 +349,17 @@ impl CacheCore {
     /// so the cleaner never writes it back); damaged data is never accepted later.
     pub fn settle_mismatch(&self, slot: u32, sector: usize, data: &[u8]) -> Mismatch {
         let zeroes = data.iter().all(|&b| b == 0);
-        let mut map = self.map();
-        if map.accept_newer_data(slot, sector, sector_crc(data), zeroes) {
-            return Mismatch::NewerWrite;
-        }
-        map.mark_damaged(slot, sector);
-        Mismatch::Damaged
+        let crc = sector_crc(data);
+        let settled = self.write_map_paged(|map| {
+            map.need_checksums([slot])?;
+            if map.accept_newer_data(slot, sector, crc, zeroes) {
+                return Ok(Ok(Mismatch::NewerWrite));
+            }
+            map.mark_damaged(slot, sector);
+            Ok(Ok(Mismatch::Damaged))
+        });
+        // Only a halted engine fails here; nothing is accepted then.
+        settled.unwrap_or(Mismatch::Damaged)
     }
 }
 
@@ -291,6 +497,7 @@ fn new_map(sb: &Superblock) -> Result<MapState> {
         layout.line_count as u32,
         layout.sectors_per_line() as usize,
         policy,
+        layout.meta_offset,
     ))
 }
 
@@ -374,7 +581,7 @@ fn apply_record(sb: &Superblock, map: &mut MapState, slot: u32, rec: &LineRecord
         return Ok(());
     }
     map.forget_line(rec.volume, rec.backing_line)
-        .and_then(|()| map.restore(slot, rec, true))
+        .and_then(|()| map.restore(slot, rec, true, RestoreChecksums::FromRecord))
         .map_err(metadata_inconsistent)
 }
 
@@ -431,7 +638,9 @@ impl Cache {
         }
         // A fresh generation past the live blocks: a crash before the superblock below lands
         // leaves the old journal (or checkpoint) intact and authoritative.
-        let records = map.take_all_dirty();
+        // Every dirty slot's checksums are in RAM: replayed from the journal, or the pages of
+        // the checkpoint holding dirty lines, kept at load (nothing has a budget yet).
+        let records = map.take_all_dirty().map_err(metadata_inconsistent)?;
         let pos = commit::start_generation(&*dev, &layout, end, &records)?;
         map.commit_done(&records, true);
         sb.journal_generation = pos.generation;
@@ -441,6 +650,16 @@ impl Cache {
         sb.sequence += 1;
         sb.updated_unix = now_unix();
         write_superblock(&*dev, &sb)?;
+        // The superblock says running: checksum pages may be written from here on (a
+        // checkpoint a clean superblock names is never overwritten).
+        map.checksums_mut()
+            .allow_writes(commit::new_generation_id(pos.generation));
+        let frames = frames_for(
+            &layout,
+            checksums::default_checksum_memory(layout.line_count * layout.line_size),
+        );
+        map.checksums_mut().set_budget(frames);
+        map.checksums_mut().shrink_to_budget();
         let slots = sb.volumes.clone();
         let core = Arc::new(CacheCore {
             dev,
@@ -468,6 +687,7 @@ impl Cache {
                 Arc::new(Volume::new(slot, admission, index, core.clone()))
             })
             .collect();
+        core.write_due_checksum_pages()?;
         Ok((
             Cache {
                 core,
@@ -559,6 +779,26 @@ impl Cache {
         u64::from(self.core.map().dirty_limit())
     }
 
+    /// Sets the RAM kept for data checksums (default
+    /// [`crate::checksums::default_checksum_memory`]): the metadata pages of that many bytes
+    /// of checksums stay in RAM, the rest are read from the cache device when needed
+    /// (docs/design.md §3, "Checksums out of RAM"). `u64::MAX` keeps every page once read.
+    /// Pages past a smaller budget are written and dropped now.
+    pub fn set_checksum_memory(&self, bytes: u64) -> Result<()> {
+        let frames = frames_for(&self.layout(), bytes);
+        {
+            let mut map = self.core.map();
+            map.checksums_mut().set_budget(frames);
+            map.checksums_mut().shrink_to_budget();
+        }
+        self.core.write_due_checksum_pages()
+    }
+
+    /// What the checksum pages hold in RAM, and the pages read and written since open.
+    pub fn checksum_usage(&self) -> ChecksumUsage {
+        self.core.map_read().checksums().usage()
+    }
+
     /// Writes the checkpoint of every line (dirty ones included) and marks the cache cleanly
     /// stopped. Call after the last request finished and the cleaner stopped.
     pub fn shutdown(&self) -> Result<()> {
@@ -626,27 +866,58 @@ fn cold(reason: &str) -> OpenReport {
 
 /// Writes every slot's record in pages stamped with `seq`, then flushes the cache device. The
 /// superblock that names `seq` is written only after this returns.
+///
+/// Records are taken a batch of pages at a time, each batch's checksums read into RAM first
+/// (pages not in RAM are read from the device: the checksums of most lines live there while
+/// running, docs/design.md §3).
 fn write_checkpoint(core: &CacheCore, seq: u64) -> Result<()> {
     let layout = core.layout;
-    let per_page = MetaPage::records_per_page(layout.line_size) as usize;
-    let map = core.map();
-    let records: Vec<LineRecord> = map.records().collect();
-    drop(map);
+    let per_page = MetaPage::records_per_page(layout.line_size) as u32;
+    let slots = layout.line_count as u32;
+    let batch_slots = per_page * META_BATCH_PAGES as u32;
     let mut batch = AlignedBuf::zeroed(META_BATCH_PAGES * SECTOR_SIZE as usize);
-    for (batch_no, chunk) in records.chunks(per_page * META_BATCH_PAGES).enumerate() {
-        let pages = chunk.len().div_ceil(per_page);
-        for (i, page_records) in chunk.chunks(per_page).enumerate() {
-            let first_slot = ((batch_no * META_BATCH_PAGES + i) * per_page) as u64;
+    let mut first = 0u32;
+    while first < slots {
+        let range = first..(first + batch_slots).min(slots);
+        let records = {
+            let _held = core.hold_checksum_pages();
+            core.write_map_paged(|map| {
+                let used: Vec<u32> = range
+                    .clone()
+                    .filter(|&s| map.key_of(s) != crate::residency::NO_KEY)
+                    .collect();
+                map.need_checksums(used)?;
+                Ok(map.records(range.clone()))
+            })?
+        };
+        let pages = records.len().div_ceil(per_page as usize);
+        for (i, page_records) in records.chunks(per_page as usize).enumerate() {
+            let first_slot = u64::from(first) + (i as u64) * u64::from(per_page);
             let page = &mut batch[i * SECTOR_SIZE as usize..(i + 1) * SECTOR_SIZE as usize];
             MetaPage::encode(seq, first_slot, layout.line_size, page_records, page);
         }
-        let offset = layout.meta_offset + (batch_no * META_BATCH_PAGES) as u64 * SECTOR_SIZE;
-        let len = pages * SECTOR_SIZE as usize;
-        core.dev
-            .write_at(&batch[..len], offset)
-            .map_err(|e| core.cache_err(e))?;
+        let offset = layout.meta_offset + u64::from(first / per_page) * SECTOR_SIZE;
+        let written = core
+            .dev
+            .write_at(&batch[..pages * SECTOR_SIZE as usize], offset);
+        // From here these pages hold this checkpoint's stamp (or, after a failed write, an
+        // unknown mix): a clean stop that fails later leaves a running engine that must read
+        // them as such.
+        let first_page = first / per_page;
+        core.map()
+            .checksums_mut()
+            .checkpoint_written(first_page..first_page + pages as u32, seq);
+        written.map_err(|e| core.cache_err(e))?;
+        first = range.end;
     }
     core.dev.flush().map_err(|e| core.cache_err(e))
+}
+
+/// Frames of checksum pages that `bytes` of RAM hold.
+fn frames_for(layout: &Layout, bytes: u64) -> usize {
+    usize::try_from(bytes / ChecksumPages::frame_bytes(layout.line_size) as u64)
+        .unwrap_or(usize::MAX)
+        .max(1)
 }
 
 /// Loads the checkpoint stamped `seq` into `map`, keeping only records of known volumes that
@@ -662,6 +933,11 @@ fn load_checkpoint(
     let pages = layout.meta_pages();
     let mut batch = AlignedBuf::zeroed(META_BATCH_PAGES * SECTOR_SIZE as usize);
     let mut page_no = 0u64;
+    // The pages hold every line's checksums; those of pages with dirty lines stay in RAM
+    // until open has taken every dirty record, the rest are read again when needed.
+    map.checksums_mut().opened_from_checkpoint(seq);
+    let spl = LineRecord::sectors(layout.line_size);
+    let mut crcs = vec![0u32; per_page as usize * spl];
     while page_no < pages {
         let n = (pages - page_no).min(META_BATCH_PAGES as u64) as usize;
         let buf = &mut batch[..n * SECTOR_SIZE as usize];
@@ -674,10 +950,24 @@ fn load_checkpoint(
             let first = (page_no + i as u64) * per_page;
             let records = MetaPage::decode(page, seq, first, layout.line_size)
                 .map_err(|e| format_err(format!("metadata page {}: {e}", page_no + i as u64)))?;
+            let holds_dirty = records.iter().enumerate().any(|(j, rec)| {
+                first + (j as u64) < layout.line_count
+                    && record_fits(sb, rec)
+                    && !rec.dirty.is_empty()
+            });
+            if holds_dirty {
+                crcs.fill(0);
+                for (j, rec) in records.iter().enumerate() {
+                    for s in 0..spl {
+                        crcs[j * spl + s] = rec.crc(s);
+                    }
+                }
+                map.install_loaded_checksums((page_no + i as u64) as u32, &crcs);
+            }
             for (j, rec) in records.iter().enumerate() {
                 let slot = first + j as u64;
                 if slot < layout.line_count && record_fits(sb, rec) {
-                    map.restore(slot as u32, rec, false)
+                    map.restore(slot as u32, rec, false, RestoreChecksums::InPage)
                         .map_err(metadata_inconsistent)?;
                 }
             }

@@ -454,20 +454,26 @@ impl Cache {
         );
         let held = core.locks.lock_range(extent.volume, first, last);
         let mut crcs = vec![0u32; (extent.len / SECTOR_SIZE) as usize];
-        {
-            let map = core.map();
+        // The checksums may have to be read from their metadata pages first.
+        let planned = core.read_map_paged(|map| {
             let changed = extent
                 .parts
                 .iter()
                 .any(|p| !map.still_dirty(&p.line, p.first, p.count));
             if changed {
-                return Outcome::Skipped;
+                return Ok(false);
             }
             let mut at = 0;
             for p in &extent.parts {
-                map.sector_crcs(p.line.slot, p.first, &mut crcs[at..at + p.count]);
+                map.sector_crcs(p.line.slot, p.first, &mut crcs[at..at + p.count])?;
                 at += p.count;
             }
+            Ok(true)
+        });
+        match planned {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Skipped,
+            Err(_) => return Outcome::Failed,
         }
         let Some(volume) = self.volumes().iter().find(|v| v.id() == extent.volume) else {
             return Outcome::Failed;
@@ -582,18 +588,19 @@ impl Cache {
         let (volume_id, line) = (volume_of(planned.key), line_of(planned.key));
         let _held = core.locks.lock_range(volume_id, line, line);
         let spl = self.layout().sectors_per_line() as usize;
-        let (dirty, crcs, confirm) = {
-            let map = core.map();
+        let mut crcs = [0u32; 256];
+        let found = core.read_map_paged(|map| {
             if map.key_of(planned.slot) != planned.key {
-                return Ok(0); // written back or dropped meanwhile
+                return Ok(None); // written back or dropped meanwhile
             }
-            let mut crcs = [0u32; 256];
-            let confirm = map.sector_crcs(planned.slot, 0, &mut crcs[..spl]);
-            (
+            let confirm = map.sector_crcs(planned.slot, 0, &mut crcs[..spl])?;
+            Ok(Some((
                 map.dirty_of(planned.slot).unwrap_or_default(),
-                crcs,
                 confirm,
-            )
+            )))
+        })?;
+        let Some((dirty, confirm)) = found else {
+            return Ok(0);
         };
         let mut matched = SectorBitmap::default();
         let mut buf = AlignedBuf::zeroed(self.layout().line_size as usize);
@@ -719,11 +726,19 @@ impl Cache {
 
     /// Commits when a writer asks (its changes filled a batch) and every second while changes
     /// wait, until stopped. A failed commit is logged; the changes stay queued for the next.
+    /// Also writes the modified checksum pages past their budget (`checksums.rs`), when asked
+    /// and every second, so no client request writes them.
     fn committer_loop(&self) {
         let requests = self.core().commits.requests();
         while !requests.stopping() {
             requests.wait(Duration::from_secs(1));
-            if requests.stopping() || self.core().map().changes_pending() == 0 {
+            if requests.stopping() {
+                continue;
+            }
+            if let Err(e) = self.core().write_due_checksum_pages() {
+                tracing::warn!("writing checksum pages failed: {e}");
+            }
+            if self.core().map().changes_pending() == 0 {
                 continue;
             }
             if let Err(e) = self.core().commit(CommitPurpose::Writeback) {

@@ -188,7 +188,7 @@ impl Backing {
 /// holding its lines). The committer also commits every second while changes wait, bounding
 /// what a crash can lose when clients never flush.
 pub(crate) struct CommitRequests {
-    asked: Mutex<bool>,
+    asked: Mutex<Asked>,
     wake: Condvar,
     /// A committer thread is running; without one (tests, offline tools) writers commit
     /// themselves, after releasing their lines.
@@ -196,10 +196,19 @@ pub(crate) struct CommitRequests {
     stop: AtomicBool,
 }
 
+/// What writers asked the committer for since it last looked.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Asked {
+    /// A commit: a batch of changes is full.
+    pub commit: bool,
+    /// Writes of modified checksum pages: the frames are over their budget (`checksums.rs`).
+    pub pages: bool,
+}
+
 impl CommitRequests {
     pub fn new() -> CommitRequests {
         CommitRequests {
-            asked: Mutex::new(false),
+            asked: Mutex::new(Asked::default()),
             wake: Condvar::new(),
             running: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -208,22 +217,31 @@ impl CommitRequests {
 
     /// Asks the committer for a commit; false when none runs (the caller commits itself).
     pub fn ask(&self) -> bool {
+        self.ask_for(|a| a.commit = true)
+    }
+
+    /// Asks the committer to write modified checksum pages; false when none runs (the caller
+    /// writes them itself).
+    pub fn ask_for_page_writes(&self) -> bool {
+        self.ask_for(|a| a.pages = true)
+    }
+
+    fn ask_for(&self, what: impl FnOnce(&mut Asked)) -> bool {
         if !self.running.load(Ordering::Acquire) {
             return false;
         }
-        *self.asked.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        what(&mut self.asked.lock().unwrap_or_else(|p| p.into_inner()));
         self.wake.notify_one();
         true
     }
 
-    /// The committer's wait: until asked, stopped or `most` passed. Returns whether it was
-    /// asked.
-    pub fn wait(&self, most: std::time::Duration) -> bool {
+    /// The committer's wait: until asked, stopped or `most` passed. Returns what it was asked.
+    pub fn wait(&self, most: std::time::Duration) -> Asked {
         let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
         let (mut asked, _) = self
             .wake
             .wait_timeout_while(asked, most, |asked| {
-                !*asked && !self.stop.load(Ordering::Acquire)
+                !asked.commit && !asked.pages && !self.stop.load(Ordering::Acquire)
             })
             .unwrap_or_else(|p| p.into_inner());
         std::mem::take(&mut *asked)
@@ -441,7 +459,7 @@ pub(crate) fn start_generation(
 
 /// A random journal generation id other than `current` (and other than 0, which a zeroed
 /// journal region would carry).
-fn new_generation_id(current: u64) -> u64 {
+pub(crate) fn new_generation_id(current: u64) -> u64 {
     loop {
         let id = uuid::Uuid::new_v4().as_u64_pair().0;
         if id != current && id != 0 {
@@ -550,18 +568,26 @@ impl CacheCore {
             journal.adopt(next);
         }
         let (records, kind, changed) = {
-            let mut map = self.map();
-            let kind = journal.kind_for(map.changes_pending(), &self.layout);
-            // A fresh generation records only dirty slots (the rest is free by omission) and
-            // takes the whole change list: keep it, so a failure can give it back.
-            let (records, changed) = match kind {
-                CommitKind::Append => (map.take_changes(), Vec::new()),
-                CommitKind::FreshGeneration => {
-                    let changed = map.changed_slots();
-                    (map.take_all_dirty(), changed)
-                }
-            };
-            (records, kind, changed)
+            // The records carry checksums, most of which live in metadata pages on the device
+            // (`checksums.rs`): the pages of the slots taken are read first, without the map's
+            // lock, and kept in RAM until the records are taken.
+            let _held = self.hold_checksum_pages();
+            self.write_map_paged(|map| {
+                let kind = journal.kind_for(map.changes_pending(), &self.layout);
+                // A fresh generation records only dirty slots (the rest is free by omission)
+                // and takes the whole change list: keep it, so a failure can give it back.
+                Ok(match kind {
+                    CommitKind::Append => {
+                        map.need_checksums_of_changes()?;
+                        map.take_changes().map(|r| (r, kind, Vec::new()))
+                    }
+                    CommitKind::FreshGeneration => {
+                        map.need_checksums_of_dirty()?;
+                        let changed = map.changed_slots();
+                        map.take_all_dirty().map(|r| (r, kind, changed))
+                    }
+                })
+            })?
         };
         let result = self.write_commit(&mut journal, &records, kind);
         match result {

@@ -6,6 +6,7 @@
 pub mod admission;
 mod backing_order;
 mod cache;
+pub mod checksums;
 pub mod cleaner;
 mod commit;
 mod counters;
@@ -25,6 +26,7 @@ mod volume;
 pub use cache::{
     format, format_with_journal, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport,
 };
+pub use checksums::{default_checksum_memory, ChecksumUsage};
 pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
 pub use error::{EngineError, Result};
 pub use map::{dirty_limit_lines, DEFAULT_DIRTY_LIMIT};

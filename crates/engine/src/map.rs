@@ -10,13 +10,28 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use crate::checksums::{ChecksumPages, Installed, PageContent, PageRead};
 use crate::locks::{line_key, LineKey, LineLocks};
 use crate::policy::ReplacementPolicy;
 use crate::residency::{Residency, Standing, NO_KEY};
 use crate::sector_bits::SlotBitmaps;
 use ssdcache_format::lines::RECORD_UNVERIFIED;
 use ssdcache_format::superblock::MAX_VOLUMES;
-use ssdcache_format::{LineRecord, SectorBitmap};
+use ssdcache_format::{LineRecord, SectorBitmap, SECTOR_SIZE};
+
+/// The metadata pages whose checksums an operation needs in RAM before it can run: read
+/// them (`CacheCore::page_in`) and run it again. Returned before anything was changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NeedPages(pub Vec<u32>);
+
+/// Where `MapState::restore` finds a slot's checksums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreChecksums {
+    /// In the record (journal replay): stored into the slot's page.
+    FromRecord,
+    /// In the slot's page, installed already as the device holds it (the checkpoint).
+    InPage,
+}
 
 /// A failed check on the map's bookkeeping: what was about to go wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,8 +62,11 @@ pub struct MapState {
     valid: SlotBitmaps,
     dirty: SlotBitmaps,
     sectors_per_line: usize,
-    /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid.
-    crcs: Vec<u32>,
+    /// CRC32C of each sector's data, `sectors_per_line` per slot; meaningful where valid. In
+    /// RAM only for the metadata pages resident (`checksums.rs`): a method that reads or sets
+    /// a slot's checksums needs its page resident, which callers arrange first
+    /// (`need_checksums`, `CacheCore::write_map_paged`).
+    checksums: ChecksumPages,
     /// Dirty sectors whose checksum may not describe their data.
     /// After an unclean stop every dirty sector restored from the journal is one: its checksum
     /// is the one the last commit recorded, and a write made after that commit (not yet
@@ -260,18 +278,23 @@ impl DirtySweep {
 }
 
 impl MapState {
+    /// A map of `line_count` empty slots of `sectors_per_line` sectors. Checksum pages start
+    /// at `meta_offset` on the cache device; until `checksums_mut().set_budget` says otherwise
+    /// every page may stay in RAM.
     pub fn new(
         line_count: u32,
         sectors_per_line: usize,
         policy: Box<dyn ReplacementPolicy>,
+        meta_offset: u64,
     ) -> MapState {
         let n = line_count as usize;
+        let line_size = sectors_per_line as u64 * SECTOR_SIZE;
         MapState {
             slots: Residency::new(line_count, policy),
             valid: SlotBitmaps::new(n, sectors_per_line),
             dirty: SlotBitmaps::new(n, sectors_per_line),
             sectors_per_line,
-            crcs: vec![0; n * sectors_per_line],
+            checksums: ChecksumPages::new(line_count, line_size, meta_offset, usize::MAX),
             unverified: SlotBitmaps::new(n, sectors_per_line),
             either: HashMap::new(),
             damaged: HashMap::new(),
@@ -505,12 +528,12 @@ impl MapState {
         if self.slots.key_of(slot) == NO_KEY {
             return Ok(());
         }
+        self.check_checksums_resident(slot)?;
         let (mut valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
-        let base = slot as usize * self.sectors_per_line;
         for (i, &crc) in crcs.iter().enumerate() {
             let s = first + i;
             if !dirty.get(s) {
-                self.crcs[base + s] = crc;
+                self.checksums.set(slot, s, &[crc])?;
             }
             valid.set(s, true);
         }
@@ -525,16 +548,95 @@ impl MapState {
         if self.slots.key_of(slot) == NO_KEY {
             return Ok(());
         }
+        self.check_checksums_resident(slot)?;
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             valid.set(s, true);
             dirty.set(s, false);
         }
         self.store(slot, valid, dirty, 0)?;
-        let base = slot as usize * self.sectors_per_line;
-        self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        if self.slots.key_of(slot) != NO_KEY {
+            self.checksums.set(slot, first, crcs)?;
+        }
         self.note_data_changed(slot, first, count);
         Ok(())
+    }
+
+    /// Refused unless the slot's checksums are in RAM: checked before a method changes
+    /// anything, so a caller that did not read the page first breaks nothing.
+    fn check_checksums_resident(&self, slot: u32) -> Checked {
+        check(self.checksums.is_resident(slot), || {
+            format!(
+                "the checksums of slot {slot} were to change while their metadata page {} was \
+                 not in memory",
+                self.checksums.page_of(slot)
+            )
+        })
+    }
+
+    /// Makes the checksums of `slots` resident where no read is needed (pages the device
+    /// holds nothing of); `Err` names the pages that must be read first.
+    pub fn need_checksums(
+        &mut self,
+        slots: impl IntoIterator<Item = u32>,
+    ) -> Result<(), NeedPages> {
+        let mut missing = Vec::new();
+        self.checksums.ensure(slots, &mut missing);
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(NeedPages(missing))
+        }
+    }
+
+    /// As `need_checksums`, for the dirty slots whose records the next commit takes.
+    pub fn need_checksums_of_changes(&mut self) -> Result<(), NeedPages> {
+        let slots: Vec<u32> = self
+            .changed
+            .iter()
+            .copied()
+            .filter(|&s| self.slots.key_of(s) != NO_KEY && !self.dirty.is_empty(s))
+            .collect();
+        self.need_checksums(slots)
+    }
+
+    /// As `need_checksums`, for every dirty slot (a compaction).
+    pub fn need_checksums_of_dirty(&mut self) -> Result<(), NeedPages> {
+        let slots: Vec<u32> = self.slots.coldest_dirty().collect();
+        self.need_checksums(slots)
+    }
+
+    /// The checksum pages (what is resident, the budget, reads and writes).
+    pub fn checksums(&self) -> &ChecksumPages {
+        &self.checksums
+    }
+
+    pub fn checksums_mut(&mut self) -> &mut ChecksumPages {
+        &mut self.checksums
+    }
+
+    /// Installs a checksum page read as `plan` planned. A page that could not be read or failed
+    /// its checks leaves its slots without checksums: their dirty sectors are marked
+    /// unverified (accepted unless they read as zeroes, as after an unclean stop, §4.8), and
+    /// their clean sectors, whose checksum is now 0, fail their next check and are read from
+    /// the backing device instead.
+    pub fn install_checksums(&mut self, plan: &PageRead, content: PageContent) -> Installed {
+        let installed = self.checksums.install(plan, content);
+        if installed == Installed::Lost {
+            for slot in self.checksums.slots_of(plan.page) {
+                if self.slots.key_of(slot) != NO_KEY && !self.dirty.is_empty(slot) {
+                    let dirty = self.dirty_bits(slot);
+                    self.set_unverified_bits(slot, &dirty);
+                }
+            }
+        }
+        installed
+    }
+
+    /// Installs the checksums of a checkpoint page read at open (not modified: the device
+    /// holds them), before its records are restored with `RestoreChecksums::InPage`.
+    pub fn install_loaded_checksums(&mut self, page: u32, checksums: &[u32]) {
+        self.checksums.install_loaded(page, checksums);
     }
 
     fn check_sectors(&self, slot: u32, first: usize, count: usize) -> Checked {
@@ -552,14 +654,14 @@ impl MapState {
     pub fn set_dirty(&mut self, slot: u32, first: usize, crcs: &[u32], now: u32) -> Checked {
         let count = crcs.len();
         self.check_sectors(slot, first, count)?;
+        self.check_checksums_resident(slot)?;
         let (mut valid, mut dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         for s in first..first + count {
             valid.set(s, true);
             dirty.set(s, true);
         }
         self.store(slot, valid, dirty, now)?;
-        let base = slot as usize * self.sectors_per_line;
-        self.crcs[base + first..base + first + count].copy_from_slice(crcs);
+        self.checksums.set(slot, first, crcs)?;
         self.note_data_changed(slot, first, count);
         for s in first..first + count {
             self.clear_damaged(slot, s);
@@ -573,11 +675,13 @@ impl MapState {
 
     /// The checksums of `out.len()` sectors of a slot from `first`. Returns whether sectors
     /// that match them should be reported back (`confirm_sectors`): the slot has marks or
-    /// damaged sectors that a match settles.
-    pub fn sector_crcs(&self, slot: u32, first: usize, out: &mut [u32]) -> bool {
-        let at = slot as usize * self.sectors_per_line + first;
-        out.copy_from_slice(&self.crcs[at..at + out.len()]);
-        self.has_marks(slot) || self.damaged.contains_key(&slot)
+    /// damaged sectors that a match settles. `Err` names the metadata page to read first
+    /// when the slot's checksums are not in RAM (nothing is written to `out` then).
+    pub fn sector_crcs(&self, slot: u32, first: usize, out: &mut [u32]) -> Result<bool, NeedPages> {
+        if !self.checksums.get(slot, first, out) {
+            return Err(NeedPages(vec![self.checksums.page_of(slot)]));
+        }
+        Ok(self.has_marks(slot) || self.damaged.contains_key(&slot))
     }
 
     /// Sectors of a slot (bit *s* of `matched` = sector *s*) whose data was just read under
@@ -665,13 +769,14 @@ impl MapState {
         }
         // Damaged sectors too: whatever they held, the failed write's data may now be there.
         let dirty = self.dirty_bits(slot);
-        let base = slot as usize * self.sectors_per_line;
         let spl = self.sectors_per_line;
         let mut marked = false;
         for (i, &crc) in failed_crcs.iter().enumerate() {
             let s = first + i;
-            let uncertain =
-                dirty.get(s) && !self.is_unverified(slot, s) && self.crcs[base + s] != crc;
+            // A checksum not in RAM counts as different: the mark only widens what is accepted.
+            let uncertain = dirty.get(s)
+                && !self.is_unverified(slot, s)
+                && self.checksums.get_one(slot, s) != Some(crc);
             let earlier = self
                 .either
                 .get(&slot)
@@ -748,10 +853,9 @@ impl MapState {
             .get(&slot)
             .is_some_and(|e| e.sectors.get(sector) && e.crcs[sector] == crc);
         let newer_write = !zeroes && self.is_unverified(slot, sector);
-        if !(failed_write || newer_write) {
+        if !(failed_write || newer_write) || self.checksums.set(slot, sector, &[crc]).is_err() {
             return false;
         }
-        self.crcs[slot as usize * self.sectors_per_line + sector] = crc;
         self.note_data_changed(slot, sector, 1);
         self.settle_marks(slot, sector);
         self.clear_damaged(slot, sector);
@@ -1041,14 +1145,24 @@ impl MapState {
         self.slots.used()
     }
 
-    fn record(&self, slot: u32) -> LineRecord {
+    /// The record of a slot. Its checksums must be in RAM (else the record would name wrong
+    /// ones: a broken protocol, refused).
+    fn record(&self, slot: u32) -> Checked<LineRecord> {
         let key = self.slots.key_of(slot);
         if key == NO_KEY {
-            return LineRecord::FREE;
+            return Ok(LineRecord::FREE);
         }
         let valid = self.valid_bits(slot);
-        let base = slot as usize * self.sectors_per_line;
-        LineRecord {
+        let mut crcs = vec![0u32; self.sectors_per_line];
+        check(self.checksums.get(slot, 0, &mut crcs), || {
+            format!("the record of slot {slot} was taken while its checksums were not in memory")
+        })?;
+        for (s, crc) in crcs.iter_mut().enumerate() {
+            if !valid.get(s) {
+                *crc = 0;
+            }
+        }
+        Ok(LineRecord {
             volume: volume_of(key),
             flags: if self.has_marks(slot) {
                 RECORD_UNVERIFIED
@@ -1058,31 +1172,29 @@ impl MapState {
             backing_line: line_of(key),
             valid,
             dirty: self.dirty_bits(slot),
-            crcs: (0..self.sectors_per_line)
-                .map(|s| if valid.get(s) { self.crcs[base + s] } else { 0 })
-                .collect(),
-        }
+            crcs,
+        })
     }
 
-    /// The record of every slot, for a checkpoint.
-    pub fn records(&self) -> impl Iterator<Item = LineRecord> + '_ {
-        (0..self.slots.slots()).map(|slot| self.record(slot))
+    /// The records of `slots`, for a checkpoint (their checksums must be in RAM).
+    pub fn records(&self, slots: std::ops::Range<u32>) -> Checked<Vec<LineRecord>> {
+        slots.map(|slot| self.record(slot)).collect()
     }
 
     /// The journal's view of a slot: only dirty sectors matter after a crash (clean ones are
     /// dropped at recovery), so a slot without dirty sectors is recorded free.
-    fn journal_record(&self, slot: u32) -> LineRecord {
-        let mut rec = self.record(slot);
-        if rec.dirty.is_empty() {
-            return LineRecord::FREE;
+    fn journal_record(&self, slot: u32) -> Checked<LineRecord> {
+        if self.slots.key_of(slot) == NO_KEY || self.dirty.is_empty(slot) {
+            return Ok(LineRecord::FREE);
         }
+        let mut rec = self.record(slot)?;
         rec.valid = rec.dirty;
         for (s, crc) in rec.crcs.iter_mut().enumerate() {
             if !rec.dirty.get(s) {
                 *crc = 0;
             }
         }
-        rec
+        Ok(rec)
     }
 
     pub fn changes_pending(&self) -> usize {
@@ -1091,33 +1203,39 @@ impl MapState {
 
     /// Takes the records of the slots changed since the last commit. From here on those that
     /// are dirty count as possibly durable (the commit may land even if it is never finished).
-    pub fn take_changes(&mut self) -> Vec<(u32, LineRecord)> {
-        let changed = std::mem::take(&mut self.changed);
-        changed
-            .into_iter()
-            .map(|slot| {
-                self.is_changed[slot as usize] = false;
-                let rec = self.journal_record(slot);
-                self.add_recorded_dirty(slot, &rec.dirty);
-                (slot, rec)
-            })
-            .collect()
-    }
-
-    /// The records of every dirty slot, for a compaction (a fresh start of the journal).
-    pub fn take_all_dirty(&mut self) -> Vec<(u32, LineRecord)> {
+    /// The checksums of the dirty ones must be in RAM (`need_checksums_of_changes`); checked
+    /// before anything is taken.
+    pub fn take_changes(&mut self) -> Checked<Vec<(u32, LineRecord)>> {
+        let records = self
+            .changed
+            .iter()
+            .map(|&slot| Ok((slot, self.journal_record(slot)?)))
+            .collect::<Checked<Vec<_>>>()?;
         for slot in std::mem::take(&mut self.changed) {
             self.is_changed[slot as usize] = false;
         }
-        let slots: Vec<u32> = self.slots.coldest_dirty().collect();
-        slots
-            .into_iter()
-            .map(|slot| {
-                let rec = self.journal_record(slot);
-                self.add_recorded_dirty(slot, &rec.dirty);
-                (slot, rec)
-            })
-            .collect()
+        for (slot, rec) in &records {
+            self.add_recorded_dirty(*slot, &rec.dirty);
+        }
+        Ok(records)
+    }
+
+    /// The records of every dirty slot, for a compaction (a fresh start of the journal). The
+    /// checksums of every dirty slot must be in RAM (`need_checksums_of_dirty`); checked
+    /// before anything is taken.
+    pub fn take_all_dirty(&mut self) -> Checked<Vec<(u32, LineRecord)>> {
+        let records = self
+            .slots
+            .coldest_dirty()
+            .map(|slot| Ok((slot, self.journal_record(slot)?)))
+            .collect::<Checked<Vec<_>>>()?;
+        for slot in std::mem::take(&mut self.changed) {
+            self.is_changed[slot as usize] = false;
+        }
+        for (slot, rec) in &records {
+            self.add_recorded_dirty(*slot, &rec.dirty);
+        }
+        Ok(records)
     }
 
     /// After a commit of `records` is durable: slots recorded without dirty data may be
@@ -1190,7 +1308,15 @@ impl MapState {
     /// the last). Records for unknown volumes or lines past a volume's end are dropped by the
     /// caller before this.
     /// `unverified`: the record comes from the journal after an unclean stop (see the field).
-    pub fn restore(&mut self, slot: u32, rec: &LineRecord, unverified: bool) -> Checked {
+    /// `checksums`: whether the record's checksums are stored here, or the caller installed
+    /// its page already (`install_loaded_checksums`, the checkpoint's pages at open).
+    pub fn restore(
+        &mut self,
+        slot: u32,
+        rec: &LineRecord,
+        unverified: bool,
+        checksums: RestoreChecksums,
+    ) -> Checked {
         let key = line_key(rec.volume, rec.backing_line);
         if rec.valid.is_empty() || !self.slots.occupy(slot, key) {
             return Ok(());
@@ -1204,9 +1330,9 @@ impl MapState {
         for w in 0..4 {
             dirty.0[w] &= valid.0[w];
         }
-        let base = slot as usize * self.sectors_per_line;
-        for s in 0..self.sectors_per_line {
-            self.crcs[base + s] = rec.crc(s);
+        if checksums == RestoreChecksums::FromRecord {
+            let crcs: Vec<u32> = (0..self.sectors_per_line).map(|s| rec.crc(s)).collect();
+            self.checksums.set(slot, 0, &crcs)?;
         }
         if unverified || rec.flags & RECORD_UNVERIFIED != 0 {
             self.set_unverified_bits(slot, &dirty);
@@ -1253,7 +1379,7 @@ mod tests {
     use crate::policy;
 
     fn map(lines: u32) -> MapState {
-        MapState::new(lines, 16, policy::by_id(0, lines).expect("lru"))
+        MapState::new(lines, 16, policy::by_id(0, lines).expect("lru"), 0)
     }
 
     #[test]
@@ -1326,7 +1452,7 @@ mod tests {
                 inner: policy::by_name(name, LINES).expect("policy"),
                 examined: examined.clone(),
             };
-            let mut m = MapState::new(LINES, 16, Box::new(policy));
+            let mut m = MapState::new(LINES, 16, Box::new(policy), 0);
             m.set_dirty_limit(LINES);
             let locks = LineLocks::new();
             for line in 0..u64::from(LINES) {
@@ -1342,7 +1468,7 @@ mod tests {
                     m.set_dirty(slot, 0, &[2], 0).unwrap();
                 }
             }
-            let records = m.take_changes();
+            let records = m.take_changes().unwrap();
             m.commit_done(&records, false);
             let held_slot = m.peek(0, held).unwrap().slot;
             m.set_written_through(held_slot, 0, &[3]).unwrap();
@@ -1369,7 +1495,7 @@ mod tests {
                 "{name}"
             );
             // Once a commit records the held slot clean, it may go.
-            let records = m.take_changes();
+            let records = m.take_changes().unwrap();
             m.commit_done(&records, false);
             assert_eq!(
                 m.allocate(0, (1 << 20) + 2, &locks).unwrap(),
@@ -1572,7 +1698,7 @@ mod tests {
     fn sweep_cost_at_64_gib_all_dirty() {
         use std::time::Instant;
         const LINES: u32 = 1_042_784;
-        let mut m = MapState::new(LINES, 16, policy::by_name("lirs", LINES).expect("lirs"));
+        let mut m = MapState::new(LINES, 16, policy::by_name("lirs", LINES).expect("lirs"), 0);
         m.set_dirty_limit(LINES);
         let locks = LineLocks::new();
         for i in 0..u64::from(LINES) {
@@ -1649,7 +1775,7 @@ mod tests {
                     }
                 }
                 _ => {
-                    let records = m.take_changes();
+                    let records = m.take_changes().unwrap();
                     m.commit_done(&records, false);
                 }
             }
@@ -1661,7 +1787,7 @@ mod tests {
             let oldest = dirty.iter().map(|&s| m.dirty_since[s as usize]).min();
             assert_eq!(m.oldest_dirty_since(), oldest, "step {step}");
             if step % 1000 == 999 {
-                let records = m.take_all_dirty();
+                let records = m.take_all_dirty().unwrap();
                 let mut recorded: Vec<u32> = records.iter().map(|(s, _)| *s).collect();
                 recorded.sort_unstable();
                 assert_eq!(recorded, dirty, "compaction at step {step}");

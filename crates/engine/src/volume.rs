@@ -570,7 +570,6 @@ impl Volume {
         Ok(())
     }
 
-    /// True when every sector of the range is in the cache.
     /// Whether a write-back write would find a slot to dirty for every segment now (as
     /// `slot_to_dirty` decides, without allocating): below the dirty limit, or every line
     /// holds dirty data already.
@@ -584,6 +583,7 @@ impl Volume {
             })
     }
 
+    /// True when every sector of the range is in the cache.
     fn all_cached(&self, offset: u64, length: u64) -> bool {
         let map = self.core.map_read();
         self.segments(offset, length)
@@ -697,13 +697,17 @@ impl Volume {
         let crcs = &mut crcs[..seg.sectors];
         // The map is only read: hits on different lines do not wait for one another, and the
         // use is recorded aside for the policy (`TouchLog`).
-        let snapshot = {
-            let map = self.core.map_read();
-            let Some(slot) = Self::cached_slot(&map, self.id, seg) else {
-                return Ok(false);
+        // The checksums may have to be read from their metadata page first (`read_map_paged`);
+        // the held line keeps the slot and its checksums as they are meanwhile.
+        let snapshot = self.core.read_map_paged(|map| {
+            let Some(slot) = Self::cached_slot(map, self.id, seg) else {
+                return Ok(None);
             };
-            let confirm = map.sector_crcs(slot, seg.first_sector, crcs);
-            CrcSnapshot { slot, confirm }
+            let confirm = map.sector_crcs(slot, seg.first_sector, crcs)?;
+            Ok(Some(CrcSnapshot { slot, confirm }))
+        })?;
+        let Some(snapshot) = snapshot else {
+            return Ok(false);
         };
         let slot = snapshot.slot;
         self.core.note_touch(slot);
@@ -795,17 +799,20 @@ impl Volume {
     fn overlay_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mut crcs = [0u32; MAX_SECTORS];
         for seg in self.segments(offset, buf.len() as u64) {
-            let (slot, dirty, confirm) = {
-                let map = self.core.map();
+            let found = self.core.read_map_paged(|map| {
                 let Some(hit) = map.peek(self.id, seg.line) else {
-                    continue;
+                    return Ok(None);
                 };
                 let dirty = map.dirty_of(hit.slot).unwrap_or_default();
                 if (seg.first_sector..seg.first_sector + seg.sectors).all(|s| !dirty.get(s)) {
-                    continue;
+                    return Ok(None);
                 }
-                let confirm = map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors]);
-                (hit.slot, dirty, confirm)
+                let confirm =
+                    map.sector_crcs(hit.slot, seg.first_sector, &mut crcs[..seg.sectors])?;
+                Ok(Some((hit.slot, dirty, confirm)))
+            })?;
+            let Some((slot, dirty, confirm)) = found else {
+                continue;
             };
             let end = seg.first_sector + seg.sectors;
             let mut s = seg.first_sector;
@@ -1006,12 +1013,13 @@ impl Volume {
                 self.count(Counter::BytesToCache, run.len as u64);
                 let mut crcs = [0u32; MAX_SECTORS];
                 let crcs = sector_crcs(data, &mut crcs);
-                self.core.with_map(|m| {
-                    if supersedes_dirty {
+                self.core.write_map_paged(|m| {
+                    m.need_checksums([slot])?;
+                    Ok(if supersedes_dirty {
                         m.set_written_through(slot, run.first_sector, crcs)
                     } else {
                         m.set_clean_valid(slot, run.first_sector, crcs)
-                    }
+                    })
                 })
             }
             Err(e) => {
@@ -1395,8 +1403,10 @@ impl Volume {
                 self.count(Counter::BytesToCache, seg.len as u64);
                 let mut crcs = [0u32; MAX_SECTORS];
                 let crcs = sector_crcs(part, &mut crcs);
-                self.core
-                    .with_map(|m| m.set_dirty(slot, seg.first_sector, crcs, now))?;
+                self.core.write_map_paged(|m| {
+                    m.need_checksums([slot])?;
+                    Ok(m.set_dirty(slot, seg.first_sector, crcs, now))
+                })?;
             }
             Err(e) => {
                 // What the slot now holds for these sectors is unknown; the new data goes
@@ -1432,27 +1442,45 @@ impl Volume {
             .read_at(&mut landed, self.slot_offset(slot, seg));
         let mut new_crcs = [0u32; MAX_SECTORS];
         let new_crcs = sector_crcs(part, &mut new_crcs);
-        self.core.with_map(|m| {
-            let dirty = m.dirty_of(slot).unwrap_or_default();
-            let sector = SECTOR_SIZE as usize;
-            let holds_new = |i: usize| {
-                read_back.is_ok()
-                    && dirty.get(seg.first_sector + i)
-                    && sector_crc(&landed[i * sector..(i + 1) * sector]) == new_crcs[i]
-            };
-            for (run, new) in split_runs(*seg, holds_new) {
-                let at = (run.buf_at - seg.buf_at) / sector;
-                if new {
-                    m.set_dirty(slot, run.first_sector, &new_crcs[at..at + run.sectors], now)?;
-                }
-            }
-            if read_back.is_err() {
-                // Which data each dirty sector holds is unknown: a later read or writeback
-                // accepts the old data or the failed write's, nothing else.
-                m.allow_either(slot, seg.first_sector, new_crcs);
-            }
-            m.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
+        self.core.write_map_paged(|m| {
+            m.need_checksums([slot])?;
+            Ok(self.keep_either_write(m, slot, seg, &landed, read_back.is_ok(), new_crcs, now))
         })
+    }
+
+    /// `after_failing_everywhere`'s change of the map, its checksums in RAM: each dirty sector
+    /// that holds the failed write's data takes its checksum; with nothing read back, each
+    /// accepts either value.
+    #[allow(clippy::too_many_arguments)]
+    fn keep_either_write(
+        &self,
+        m: &mut MapState,
+        slot: u32,
+        seg: &Segment,
+        landed: &[u8],
+        read_back_ok: bool,
+        new_crcs: &[u32],
+        now: u32,
+    ) -> std::result::Result<(), crate::map::Invariant> {
+        let dirty = m.dirty_of(slot).unwrap_or_default();
+        let sector = SECTOR_SIZE as usize;
+        let holds_new = |i: usize| {
+            read_back_ok
+                && dirty.get(seg.first_sector + i)
+                && sector_crc(&landed[i * sector..(i + 1) * sector]) == new_crcs[i]
+        };
+        for (run, new) in split_runs(*seg, holds_new) {
+            let at = (run.buf_at - seg.buf_at) / sector;
+            if new {
+                m.set_dirty(slot, run.first_sector, &new_crcs[at..at + run.sectors], now)?;
+            }
+        }
+        if !read_back_ok {
+            // Which data each dirty sector holds is unknown: a later read or writeback
+            // accepts the old data or the failed write's, nothing else.
+            m.allow_either(slot, seg.first_sector, new_crcs);
+        }
+        m.invalidate_clean(self.id, seg.line, seg.first_sector, seg.sectors)
     }
 
     /// Makes every completed write durable: the backing device flushed and, when the cache

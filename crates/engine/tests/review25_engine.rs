@@ -28,7 +28,6 @@ use std::sync::Arc;
 
 use common::{counter, format_dev, open_dyn, Rng, MIB};
 use ssdcache_devsim::MemDevice;
-use ssdcache_engine::admission::Streams;
 use ssdcache_engine::{Cache, Volume};
 
 use ssdcache_format::CacheMode;
@@ -51,7 +50,12 @@ fn reopen() -> (Cache, Arc<Volume>) {
 /// A cache of `mode` over `backing_size` with the lines `cached` (line numbers) cached, read
 /// one line at a time from the last to the first (no stream), then opened again so the stream
 /// detector starts empty and nothing is noted (as if the warm-up were long forgotten).
-fn warm(mode: CacheMode, backing_size: u64, cache_size: u64, cached: &[u64]) -> (Cache, Arc<Volume>) {
+fn warm(
+    mode: CacheMode,
+    backing_size: u64,
+    cache_size: u64,
+    cached: &[u64],
+) -> (Cache, Arc<Volume>) {
     let backing = Arc::new(MemDevice::new("backing", backing_size));
     let cache_dev = Arc::new(MemDevice::new("cache", cache_size));
     format_dev(&*cache_dev, LINE, mode, backing_size, CUTOFF);
@@ -66,7 +70,11 @@ fn warm(mode: CacheMode, backing_size: u64, cache_size: u64, cached: &[u64]) -> 
             .expect("warm-up read");
     }
     let cached_bytes = cache.volumes()[0].stats().bytes_cached;
-    assert_eq!(cached_bytes, cached.len() as u64 * LINE, "the warm-up cached every line");
+    assert_eq!(
+        cached_bytes,
+        cached.len() as u64 * LINE,
+        "the warm-up cached every line"
+    );
     cache.shutdown().expect("clean stop");
     drop(cache);
     reopen()
@@ -78,7 +86,8 @@ fn random_hits(vol: &Volume, lines: &[u64], seed: u64) {
     let mut buf = vec![0u8; LINE as usize];
     let hits = counter(vol, "read_hits");
     for i in rng.shuffled(lines.len() as u64) {
-        vol.read(lines[i as usize] * LINE, &mut buf).expect("random read");
+        vol.read(lines[i as usize] * LINE, &mut buf)
+            .expect("random read");
     }
     assert_eq!(
         counter(vol, "read_hits") - hits,
@@ -104,7 +113,7 @@ fn scan(vol: &Volume, from: u64, to: u64, chunk: u64) {
 /// closer together, every other one goes around.)
 #[test]
 fn r25_1_random_hits_over_a_hot_area_make_the_next_miss_a_stream() {
-    let hole = |l: u64| l > 0 && (l * LINE) % (16 * MIB) == 0;
+    let hole = |l: u64| l > 0 && (l * LINE).is_multiple_of(16 * MIB);
     let hot: Vec<u64> = (0..80 * MIB / LINE).filter(|&l| !hole(l)).collect();
     let (_cache, vol) = warm(CacheMode::WriteThrough, 128 * MIB, 128 * MIB, &hot);
     random_hits(&vol, &hot, 1);

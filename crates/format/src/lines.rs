@@ -211,6 +211,21 @@ impl MetaPage {
         expected_first: u64,
         line_size: u64,
     ) -> Result<Vec<LineRecord>, MetaPageError> {
+        Self::check_header(page, checkpoint, expected_first, line_size)?;
+        let count = get_u32(page, 24);
+        let rs = LineRecord::encoded_size(line_size);
+        Ok((0..count as usize)
+            .map(|i| LineRecord::decode(line_size, &page[META_HEADER + i * rs..]))
+            .collect())
+    }
+
+    /// Magic, checksum, checkpoint number (or stamp), slot range and record size of a page.
+    fn check_header(
+        page: &[u8],
+        checkpoint: u64,
+        expected_first: u64,
+        line_size: u64,
+    ) -> Result<(), MetaPageError> {
         let magic = get_u32(page, 0);
         if magic != META_PAGE_MAGIC {
             return Err(MetaPageError::BadMagic(magic));
@@ -244,9 +259,68 @@ impl MetaPage {
                 expected: rs as u32,
             });
         }
-        Ok((0..count as usize)
-            .map(|i| LineRecord::decode(line_size, &page[META_HEADER + i * rs..]))
-            .collect())
+        Ok(())
+    }
+
+    /// Encodes a page of checksums only, as a running engine writes the checksums it keeps out
+    /// of RAM (docs/design.md §2.2, "Pages written while running"): `crcs` holds
+    /// `records_per_page × sectors` checksums of slots `first_slot..`, and every record is a
+    /// free one (volume `FREE_VOLUME`, empty bitmaps) carrying its slot's checksums. `stamp`
+    /// takes the place of the checkpoint number.
+    pub fn encode_checksums(
+        stamp: u64,
+        first_slot: u64,
+        line_size: u64,
+        crcs: &[u32],
+        page: &mut [u8],
+    ) {
+        let spl = LineRecord::sectors(line_size);
+        let count = Self::records_per_page(line_size) as usize;
+        assert_eq!(page.len(), SECTOR_SIZE as usize);
+        assert_eq!(crcs.len(), count * spl);
+        let rs = LineRecord::encoded_size(line_size);
+        let bm = LineRecord::bitmap_bytes(line_size);
+        page.fill(0);
+        put_u32(page, 0, META_PAGE_MAGIC);
+        put_u64(page, 8, stamp);
+        put_u64(page, 16, first_slot);
+        put_u32(page, 24, count as u32);
+        put_u32(page, 28, rs as u32);
+        for (i, slot_crcs) in crcs.chunks(spl).enumerate() {
+            let at = META_HEADER + i * rs;
+            put_u16(page, at + 8, FREE_VOLUME);
+            for (s, &crc) in slot_crcs.iter().enumerate() {
+                put_u32(page, at + 16 + 2 * bm + 4 * s, crc);
+            }
+        }
+        let crc = crc_with_hole(page, 4);
+        put_u32(page, 4, crc);
+    }
+
+    /// The checksums of every record of a page (checked as [`MetaPage::decode`] checks it)
+    /// into `out` (`records_per_page × sectors` values, slot by slot; slots past the page's
+    /// record count get 0), without building records.
+    pub fn decode_checksums(
+        page: &[u8],
+        stamp: u64,
+        expected_first: u64,
+        line_size: u64,
+        out: &mut [u32],
+    ) -> Result<(), MetaPageError> {
+        let spl = LineRecord::sectors(line_size);
+        assert_eq!(out.len(), Self::records_per_page(line_size) as usize * spl);
+        Self::check_header(page, stamp, expected_first, line_size)?;
+        let count = get_u32(page, 24) as usize;
+        let rs = LineRecord::encoded_size(line_size);
+        let bm = LineRecord::bitmap_bytes(line_size);
+        out.fill(0);
+        for (i, slot_crcs) in out.chunks_mut(spl).take(count).enumerate() {
+            let at = META_HEADER + i * rs + 16 + 2 * bm;
+            for (s, crc) in slot_crcs.iter_mut().enumerate() {
+                *crc = get_u32(page, at + 4 * s);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -311,6 +385,35 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn checksum_pages_round_trip_and_read_checkpoint_pages() {
+        let per_page = MetaPage::records_per_page(65536) as usize;
+        let crcs: Vec<u32> = (0..per_page as u32 * 16).map(|i| i * 7 + 1).collect();
+        let mut page = vec![0u8; 4096];
+        MetaPage::encode_checksums(1 << 63 | 9, 84, 65536, &crcs, &mut page);
+        let mut out = vec![0u32; crcs.len()];
+        MetaPage::decode_checksums(&page, 1 << 63 | 9, 84, 65536, &mut out).unwrap();
+        assert_eq!(out, crcs);
+        // Every record is free: read as a checkpoint, nothing is cached.
+        let recs = MetaPage::decode(&page, 1 << 63 | 9, 84, 65536).unwrap();
+        assert!(recs.iter().all(LineRecord::is_free));
+        assert!(matches!(
+            MetaPage::decode_checksums(&page, 9, 84, 65536, &mut out),
+            Err(MetaPageError::WrongCheckpoint { .. })
+        ));
+        // A checkpoint page gives its records' checksums, zeroes past its record count.
+        let recs = vec![record(0, 7, [0xffff, 0, 0, 0])];
+        MetaPage::encode(5, 42, 65536, &recs, &mut page);
+        MetaPage::decode_checksums(&page, 5, 42, 65536, &mut out).unwrap();
+        assert_eq!(&out[..16], &recs[0].crcs[..]);
+        assert!(out[16..].iter().all(|&c| c == 0));
+        page[200] ^= 1;
+        assert!(matches!(
+            MetaPage::decode_checksums(&page, 5, 42, 65536, &mut out),
+            Err(MetaPageError::BadChecksum { .. })
+        ));
+    }
+
     proptest! {
         #[test]
         fn records_round_trip(vol in 0u16..40, line in any::<u64>(), v in any::<[u64; 4]>(), d in any::<[u64; 4]>(), seed in any::<u32>(), shift in 12u32..=20) {
@@ -331,6 +434,8 @@ mod tests {
         #[test]
         fn garbage_pages_never_panic(bytes in proptest::collection::vec(any::<u8>(), 4096)) {
             let _ = MetaPage::decode(&bytes, 1, 0, 65536);
+            let mut out = vec![0u32; 42 * 16];
+            let _ = MetaPage::decode_checksums(&bytes, 1, 0, 65536, &mut out);
         }
     }
 }

@@ -37,7 +37,9 @@ fn r25_4_a_trace_of_many_volumes_does_not_cost_256_kib_of_stream_notes_per_volum
     let mut x = 1u64;
     for volume in 0..2038u32 {
         for _ in 0..32 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let offset = (x >> 20) % (1 << 18) * 4096;
             for _ in 0..2 {
                 sim.request(&Request {
@@ -53,7 +55,10 @@ fn r25_4_a_trace_of_many_volumes_does_not_cost_256_kib_of_stream_notes_per_volum
     let grown = (rss_kib() - before) / 1024;
     println!("2 038 volumes: RSS grew by {grown} MiB");
     let result = sim.finish();
-    assert!(result.counters.read_hits >= 2038 * 32, "the second reads hit");
+    assert!(
+        result.counters.read_hits >= 2038 * 32,
+        "the second reads hit"
+    );
     assert!(
         grown < 128,
         "one simulated cache of a 2 038-volume trace grew by {grown} MiB (db847ce^: 60 MiB)"

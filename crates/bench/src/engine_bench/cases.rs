@@ -89,6 +89,10 @@ pub struct MetadataRow {
     pub vmhwm_kib: u64,
     /// Whether the admit measurement's fill of the same cache was used.
     pub from_admit: bool,
+    /// Of `heap_bytes`: the metadata pages of checksums in RAM (`--checksum-memory`), and
+    /// their budget.
+    pub checksum_bytes: u64,
+    pub checksum_budget_bytes: u64,
 }
 
 impl MetadataRow {
@@ -158,6 +162,9 @@ fn file_cache(a: &EngineArgs, scratch: &Scratch, size: u64, line_size: u64) -> R
         0,
     )?;
     cache.set_dirty_limit(a.dirty_limit);
+    if let Some(bytes) = a.checksum_memory {
+        cache.set_checksum_memory(bytes)?;
+    }
     Ok(FileCache {
         cache,
         cache_dev,
@@ -332,7 +339,12 @@ fn metadata_row(fc: &FileCache, size: u64, line_size: u64, fill_secs: f64) -> Me
     let heap = alloc::live().saturating_sub(fc.heap_before) as u64;
     let (vmrss_kib, vmhwm_kib) = memory_status();
     let bytes_per_line = heap as f64 / lines as f64;
+    let checksums = fc.cache.checksum_usage();
     MetadataRow {
+        checksum_bytes: checksums.resident_frames * checksums.frame_bytes,
+        checksum_budget_bytes: checksums
+            .budget_frames
+            .saturating_mul(checksums.frame_bytes),
         cache_size: size,
         line_size,
         lines,

@@ -115,6 +115,10 @@ pub struct EngineArgs {
     /// hits: seconds per thread count
     #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
     pub seconds: f64,
+    /// admit, metadata: RAM for the data checksums' metadata pages (as `serve
+    /// --checksum-memory`; default: the engine's, 0.01% of the cache, at least 1 MiB)
+    #[arg(long, value_parser = parse_size)]
+    pub checksum_memory: Option<u64>,
     /// metadata: caches as SIZE:LINE_SIZE, comma-separated
     #[arg(long, value_delimiter = ',', value_parser = parse_meta_case,
           default_value = "64GiB:64KiB,16GiB:4KiB")]

@@ -70,7 +70,7 @@ pub fn print_metadata(rows: &[MetadataRow], header: bool) {
     if header {
         println!("\nmetadata: engine heap at full occupancy (all lines dirty)");
         println!(
-            "{:>8} {:>6} {:>10} {:>12} {:>8} {:>8} {:>12} {:>10} {:>10}",
+            "{:>8} {:>6} {:>10} {:>12} {:>8} {:>8} {:>12} {:>10} {:>10} {:>16}",
             "cache",
             "line",
             "lines",
@@ -79,12 +79,13 @@ pub fn print_metadata(rows: &[MetadataRow], header: bool) {
             "% cache",
             "peak MiB",
             "VmRSS MiB",
-            "VmHWM MiB"
+            "VmHWM MiB",
+            "checksums MiB"
         );
     }
     for r in rows {
         println!(
-            "{:>8} {:>5}K {:>10} {:>12.1} {:>8.1} {:>8.3} {:>12.1} {:>10.1} {:>10.1}{}",
+            "{:>8} {:>5}K {:>10} {:>12.1} {:>8.1} {:>8.3} {:>12.1} {:>10.1} {:>10.1} {:>7.1} of {:.1}{}",
             gib(r.cache_size),
             r.line_size >> 10,
             r.lines,
@@ -94,6 +95,8 @@ pub fn print_metadata(rows: &[MetadataRow], header: bool) {
             r.heap_peak_bytes as f64 / 1048576.0,
             r.vmrss_kib as f64 / 1024.0,
             r.vmhwm_kib as f64 / 1024.0,
+            r.checksum_bytes as f64 / 1048576.0,
+            r.checksum_budget_bytes.min(1 << 50) as f64 / 1048576.0,
             if r.from_admit { " (admit's fill)" } else { "" }
         );
     }

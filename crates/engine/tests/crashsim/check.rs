@@ -138,7 +138,7 @@ fn check_point(
     };
     let cache_dev = restore(CACHE_DEV, "cache");
     let backing = restore(BACKING_DEV, "backing");
-    let cache = try_open(&cache_dev, &backing)
+    let cache = try_open(&cache_dev, &backing, &run.plan)
         .unwrap_or_else(|e| panic!("{}: the cache does not open: {e}", at()));
     stats.add(&stats.dirty_lines_recovered, cache.dirty_lines());
     let first = read_volume(&cache, sectors).unwrap_or_else(|(sector, e)| {
@@ -166,7 +166,7 @@ fn check_point(
         .drain(&CleanerConfig::default(), &mut |_| true)
         .unwrap_or_else(|e| panic!("{}: writeback after recovery failed: {e}", at()));
     drop(cache);
-    let cache = try_open(&cache_dev, &backing)
+    let cache = try_open(&cache_dev, &backing, &run.plan)
         .unwrap_or_else(|e| panic!("{}: no restart after the writeback: {e}", at()));
     let after = if cache.dirty_lines() == 0 {
         read_backing(&backing, sectors)
@@ -197,7 +197,7 @@ fn check_point(
             cut.device(BACKING_DEV, "backing", keep(seed, cut.op, 1, 11))
                 .expect("backing"),
         );
-        let cache = try_open(&c, &b)
+        let cache = try_open(&c, &b, &run.plan)
             .unwrap_or_else(|e| panic!("{}: no restart after a cut during writeback: {e}", at()));
         let again = read_volume(&cache, sectors).unwrap_or_else(|(sector, e)| {
             panic!(

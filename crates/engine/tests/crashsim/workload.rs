@@ -50,6 +50,11 @@ pub struct Plan {
     /// The first of the runs most requests go to (`HOT_RUNS` per thread, interleaved), so
     /// sectors are written back, dirtied again, written around and zeroed over and over.
     pub hot_start: u64,
+    /// Metadata pages of checksums kept in RAM (`Cache::set_checksum_memory`), or `None` for
+    /// the default (every page of these small caches): with 1 to 3, nearly every request
+    /// reads a page and every change soon writes one, so crash points fall inside page-ins
+    /// and page writes too.
+    pub checksum_frames: Option<u64>,
 }
 
 /// Hot runs per thread.
@@ -89,6 +94,11 @@ impl Plan {
         };
         let failing_cache_flush = (rng.below(4) == 0).then(|| rng.below(60) as u32);
         let failing_backing_flush = (rng.below(8) == 0).then(|| rng.below(30) as u32);
+        // From the seed alone (not the generator), so earlier seeds' other choices stay.
+        let checksum_frames = match (seed / 3) % 4 {
+            0 => None,
+            frames => Some(frames),
+        };
         let runs = backing_size / SECTOR / RUN - UNTOUCHED_RUNS;
         let hot_start = rng.below(runs - HOT_RUNS * threads as u64);
         let hot_start = hot_start - hot_start % threads as u64;
@@ -108,6 +118,7 @@ impl Plan {
             failing_cache_flush,
             failing_backing_flush,
             hot_start,
+            checksum_frames,
             crash_gap: if line_size >= 1 << 20 {
                 5 * crash_gap
             } else {
@@ -172,7 +183,7 @@ impl Run {
         let cache = with_activity(Activity::Setup, || {
             format_with_journal(&*cache_dev, plan.line_size, plan.journal_blocks, volume)
                 .expect("format");
-            open(&cache_dev, &backing)
+            open(&cache_dev, &backing, &plan)
         });
         let layout = cache.layout();
         let setup_ops = clock.ops();
@@ -540,7 +551,7 @@ impl Run {
         let mut tries = 0;
         loop {
             tries += 1;
-            match try_open(&self.cache_dev, &self.backing) {
+            match try_open(&self.cache_dev, &self.backing, &self.plan) {
                 Ok(cache) => return cache,
                 Err(e) if tries >= limit || !self.faults_reached() => {
                     panic!("seed {}: restart failed: {e}", self.plan.seed)
@@ -552,19 +563,26 @@ impl Run {
 }
 
 /// Opens the cache on these devices (after a clean stop or a crash).
-pub fn open(cache: &Arc<CrashDevice>, backing: &Arc<CrashDevice>) -> Cache {
-    try_open(cache, backing).expect("open")
+pub fn open(cache: &Arc<CrashDevice>, backing: &Arc<CrashDevice>, plan: &Plan) -> Cache {
+    try_open(cache, backing, plan).expect("open")
 }
 
+/// Opens the cache, with the plan's checksum memory.
 pub fn try_open(
     cache: &Arc<CrashDevice>,
     backing: &Arc<CrashDevice>,
+    plan: &Plan,
 ) -> ssdcache_engine::Result<Cache> {
     let sb = read_superblock(&**cache)?;
-    Ok(Cache::open(
+    let cache = Cache::open(
         cache.clone(),
         sb,
         vec![backing.clone() as Arc<dyn BlockDevice>],
     )?
-    .0)
+    .0;
+    if let Some(frames) = plan.checksum_frames {
+        let bytes = frames * ssdcache_engine::checksums::checksum_frame_bytes(plan.line_size);
+        cache.set_checksum_memory(bytes)?;
+    }
+    Ok(cache)
 }
