@@ -1,10 +1,11 @@
 //! Simulated power cuts in write-back mode, one thread per workload (see crashsim/mod.rs for
 //! the simulator; crash_concurrent.rs runs the concurrent workloads). Each seed picks a
-//! replacement policy and a line size (every pair within 21 seeds), a journal small enough
-//! that compactions run every few commits, injected write and flush errors on both devices
-//! for two thirds of the workloads, and the device ops after which the power is cut. The
-//! workload mixes writes (some FUA), streams past a small sequential cutoff, WRITE_ZEROES,
-//! TRIM, FLUSH, live reads, writeback batches, commits, mode changes and clean restarts.
+//! replacement policy and a line size (every pair within 24 seeds: 8 policies, 3 sizes), a
+//! journal small enough that compactions run every few commits, injected write and flush
+//! errors on both devices for two thirds of the workloads, and the device ops after which the
+//! power is cut. The workload mixes writes (some FUA), streams past a small sequential
+//! cutoff, WRITE_ZEROES, TRIM, FLUSH, live reads, writeback batches, commits, mode changes
+//! and clean restarts.
 //!
 //! CI runs 16,000 crash points here (and 12,000 in crash_concurrent.rs). The long
 //! run, one million:

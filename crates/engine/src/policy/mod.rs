@@ -11,6 +11,7 @@ mod clock;
 mod fifo;
 pub(crate) mod ghost;
 mod lirs;
+mod lirs_lean;
 pub(crate) mod list;
 mod lru;
 mod s3fifo;
@@ -21,6 +22,7 @@ pub use arc::ArcPolicy;
 pub use clock::Clock;
 pub use fifo::Fifo;
 pub use lirs::Lirs;
+pub use lirs_lean::LirsLean;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 
@@ -64,7 +66,7 @@ pub trait ReplacementPolicy: Send + Sync {
 }
 
 /// Policy names by id: the id is the index. Ids are stored on disk, so they never change.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "lru",
     "fifo",
     "clock",
@@ -72,6 +74,7 @@ pub const NAMES: [&str; 7] = [
     "s3fifo",
     "s3fifo-1bit",
     "lirs",
+    "lirs-lean",
 ];
 
 /// The replacement policy of a new cache when none is given (`ssdcache create`), and the one
@@ -105,6 +108,7 @@ pub fn by_id(id: u32, slots: u32) -> Option<Box<dyn ReplacementPolicy>> {
         4 => Box::new(S3Fifo::new(slots, 2)),
         5 => Box::new(S3Fifo::new(slots, 1)),
         6 => Box::new(Lirs::new(slots)),
+        7 => Box::new(LirsLean::new(slots)),
         _ => return None,
     };
     debug_assert_eq!(p.name(), NAMES[id as usize]);
@@ -198,7 +202,8 @@ mod tests {
                 "arc",
                 "s3fifo",
                 "s3fifo-1bit",
-                "lirs"
+                "lirs",
+                "lirs-lean"
             ]
         );
         for (id, &name) in names().iter().enumerate() {
@@ -403,7 +408,9 @@ mod tests {
         for name in ["s3fifo", "s3fifo-1bit"] {
             assert!(r[name] > 0.3, "{name}: {}", r[name]);
         }
-        assert!(r["lirs"] > 0.9, "lirs: {}", r["lirs"]);
+        for name in ["lirs", "lirs-lean"] {
+            assert!(r[name] > 0.9, "{name}: {}", r[name]);
+        }
     }
 
     #[test]
@@ -426,7 +433,7 @@ mod tests {
         for (name, &h) in &r {
             assert!(h <= 0.25, "{name}: {h}");
         }
-        for name in ["arc", "s3fifo", "s3fifo-1bit", "lirs"] {
+        for name in ["arc", "s3fifo", "s3fifo-1bit", "lirs", "lirs-lean"] {
             assert!(r[name] > 0.2, "{name}: {}", r[name]);
             assert!(
                 r[name] > r["lru"] + 0.05,
@@ -444,7 +451,7 @@ mod tests {
         for (name, &h) in &r {
             assert!((0.3..0.9).contains(&h), "{name}: {h}");
         }
-        for name in ["arc", "s3fifo", "s3fifo-1bit", "lirs"] {
+        for name in ["arc", "s3fifo", "s3fifo-1bit", "lirs", "lirs-lean"] {
             assert!(
                 r[name] >= r["fifo"],
                 "{name}: {} fifo {}",

@@ -63,11 +63,13 @@ const HOT_RUNS: u64 = 4;
 const LINE_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
 
 impl Plan {
-    /// Rotates policy and line size so 21 consecutive seeds cover every pair.
+    /// Rotates policy and line size so 3 × (number of policies) consecutive seeds cover
+    /// every pair.
     pub fn new(seed: u64, threads: usize, ops_per_thread: usize, crash_gap: u64) -> Plan {
         let mut rng = Rng(seed ^ 0x005e_ed0f_c4a5_u64);
-        let policy = (seed % ssdcache_engine::policy::NAMES.len() as u64) as u32;
-        let line_size = LINE_SIZES[((seed / 7) % 3) as usize];
+        let policies = ssdcache_engine::policy::NAMES.len() as u64;
+        let policy = (seed % policies) as u32;
+        let line_size = LINE_SIZES[((seed / policies) % 3) as usize];
         let (cache_size, backing_size) = match line_size {
             l if l >= 1 << 20 => (72 << 20, 80 << 20),
             l if l >= 64 << 10 => (16 << 20, 24 << 20),
