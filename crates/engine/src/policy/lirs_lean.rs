@@ -247,7 +247,7 @@ impl LirsLean {
             len: [0; 2],
             now: 0,
             sweep_at: 0,
-            sweep_step: slots.div_ceil(SWEEP_PASS).max(1),
+            sweep_step: slots.div_ceil(SWEEP_PASS), // 0 only without slots
             lir_target: slots.saturating_sub(hir_target),
             ghosts: StampedGhosts::new(slots),
             victim: NIL,
