@@ -12,7 +12,7 @@
 //! writeback_max_age = 30             # write back dirty data older than 30 s when possible
 //! dirty_limit = 80                   # write-back: at most 80% of the lines dirty
 //! checksum_memory = "64MiB"          # RAM for data checksums ("all": every page, 0.1%)
-//! policy = "lirs"                    # the cache's replacement policy (one per cache)
+//! policy = "lirs-lean"               # the cache's replacement policy (one per cache)
 //! record_trace = "/var/tmp/sdb.trace" # record the clients' requests (see docs/operations.md)
 //! record_sample = 0.01               # ... of 1% of the 1 MiB regions
 //! record_max_size = "1GiB"           # ... stopping when the file reaches this size

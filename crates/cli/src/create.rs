@@ -31,10 +31,10 @@ pub struct CreateArgs {
     /// everything); keeps backups and scans from evicting the working set
     #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
     sequential_cutoff: u64,
-    /// Replacement policy: lru, fifo, clock, arc, s3fifo (2-bit counter), s3fifo-1bit, lirs,
-    /// lirs-lean (LIRS in 19 bytes of RAM per line instead of 48).
-    /// The default, lirs, had the best mean hit ratio over the shared traces and keeps part of
-    /// a loop larger than the cache (docs/policies.md)
+    /// Replacement policy: lirs-lean, lirs, lru, fifo, clock, arc, s3fifo (2-bit counter),
+    /// s3fifo-1bit. The default, lirs-lean, is LIRS (the best mean hit ratio over the shared
+    /// traces, and it keeps part of a loop larger than the cache: docs/policies.md) in 19
+    /// bytes of RAM per cache line instead of lirs's 48
     #[arg(long, value_name = "NAME", default_value = ssdcache_engine::policy::DEFAULT_POLICY, value_parser = parse_policy)]
     policy: u32,
     /// Which missed lines are cached: `always`, or `N-hit` (2-hit, 3-hit, ... 16-hit): a line

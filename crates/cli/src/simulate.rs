@@ -39,7 +39,7 @@ pub struct SimulateArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
     /// Replacement policies to compare, comma-separated [default: all of them] (a cache made
-    /// by `ssdcache create` uses lirs unless told otherwise: docs/policies.md)
+    /// by `ssdcache create` uses lirs-lean unless told otherwise: docs/policies.md)
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_policy)]
     pub policy: Vec<String>,
     /// Cache sizes, comma-separated: bytes (1GiB, 500MB) or a share of the trace's footprint
