@@ -509,7 +509,11 @@ impl ChecksumPages {
     pub fn pressure(&self) -> Pressure {
         if !self.writes_due() {
             Pressure::None
-        } else if self.resident >= self.budget_frames + self.budget_frames.max(HARD_SLACK_FRAMES) {
+        } else if self.resident
+            >= self
+                .budget_frames
+                .saturating_add(self.budget_frames.max(HARD_SLACK_FRAMES))
+        {
             Pressure::WriteNow
         } else {
             Pressure::WriteSoon
@@ -664,6 +668,17 @@ mod tests {
             p.written(&w, true);
         }
         p.shrink_to_budget();
+    }
+
+    #[test]
+    fn an_unbounded_budget_never_asks_for_writes() {
+        let mut p = pages(10 * PER_PAGE, usize::MAX);
+        for page in 0..10 {
+            p.set(page * PER_PAGE, 3, &[page]).unwrap();
+        }
+        assert_eq!(p.pressure(), Pressure::None);
+        assert!(p.take_due_writes(64, false).is_empty());
+        assert_eq!(p.usage().resident_frames, 10);
     }
 
     #[test]
