@@ -217,13 +217,17 @@ impl CacheCore {
     }
 
     /// One checksum page as `plan` says: zeroes when the device holds nothing of it this run;
-    /// lost when it cannot be read or fails its checks.
+    /// lost when it cannot be read twice in a row or fails its checks.
     fn read_checksum_page(&self, plan: &PageRead) -> PageContent {
-        let Some((offset, _)) = plan.from else {
+        let Some(offset) = plan.from else {
             return PageContent::Zeroes;
         };
         let mut page = AlignedBuf::zeroed(SECTOR_SIZE as usize);
-        match self.dev.read_at(&mut page, offset) {
+        let read = self
+            .dev
+            .read_at(&mut page, offset)
+            .or_else(|_| self.dev.read_at(&mut page, offset));
+        match read {
             Ok(()) => ChecksumPages::decode(self.layout.line_size, plan, &page),
             Err(e) => {
                 tracing::warn!(
@@ -239,7 +243,9 @@ impl CacheCore {
 
     /// Writes modified checksum pages while the frames are over their budget, so they can be
     /// dropped (a few rounds at most; what is left waits for the next call). A failed write
-    /// keeps its frame modified and in RAM.
+    /// keeps its frame modified and in RAM, and is not tried again before
+    /// `retry_failed_checksum_writes` (the committer's, once a second): a failing cache device
+    /// costs each request no write, and the log one line per failing burst.
     pub fn write_due_checksum_pages(&self) -> Result<()> {
         let line_size = self.layout.line_size;
         let mut page = AlignedBuf::zeroed(SECTOR_SIZE as usize);
@@ -255,20 +261,20 @@ impl CacheCore {
             if writes.is_empty() {
                 return Ok(());
             }
+            // After a failure the rest of the round is not tried (handed back as failed).
+            let mut failed = false;
             let done: Vec<bool> = writes
                 .iter()
                 .map(|w| {
-                    ChecksumPages::encode(line_size, w, &mut page);
-                    let result = self.dev.write_at(&page, w.offset);
-                    if let Err(e) = &result {
-                        tracing::warn!(
-                            "metadata page {} of {} could not be written ({e}): its checksums \
-                             stay in memory",
-                            w.page,
-                            self.dev.describe()
-                        );
+                    if failed {
+                        return false;
                     }
-                    result.is_ok()
+                    ChecksumPages::encode(line_size, w, &mut page);
+                    if let Err(e) = self.dev.write_at(&page, w.offset) {
+                        failed = true;
+                        self.warn_page_write_failed(w.page, &e);
+                    }
+                    !failed
                 })
                 .collect();
             let mut map = self.map();
@@ -276,8 +282,30 @@ impl CacheCore {
                 map.checksums_mut().written(w, ok);
             }
             map.checksums_mut().shrink_to_budget();
+            if failed {
+                return Ok(());
+            }
         }
         Ok(())
+    }
+
+    /// Frames whose write failed may be written again (the committer, once a second).
+    pub fn retry_failed_checksum_writes(&self) {
+        self.map().checksums_mut().retry_failed_writes();
+    }
+
+    /// Logs a failed page write, at most once a minute (a failing device fails every one).
+    fn warn_page_write_failed(&self, page: u32, e: &std::io::Error) {
+        static LAST: AtomicU64 = AtomicU64::new(0);
+        let now = self.clock.elapsed().as_secs() + 60;
+        if LAST.swap(now, Ordering::Relaxed) + 60 <= now {
+            tracing::warn!(
+                "metadata page {page} of {} could not be written ({e}): its checksums stay in \
+                 memory, and the write is tried again every second (further failures are not \
+                 logged for a minute)",
+                self.dev.describe()
+            );
+        }
     }
 
     /// Keeps every checksum frame in RAM while the guard lives (a commit gathering its
@@ -352,6 +380,14 @@ impl CacheCore {
         let crc = sector_crc(data);
         let settled = self.write_map_paged(|map| {
             map.need_checksums([slot])?;
+            if map.checksums().checksum_unknown(slot, sector)
+                && map.dirty_of(slot).is_some_and(|d| !d.get(sector))
+            {
+                // Its checksum was lost with its page: nothing is known to be wrong.
+                return Ok(map
+                    .invalidate_slot(slot, sector, 1)
+                    .map(|()| Mismatch::Unknown));
+            }
             if map.accept_newer_data(slot, sector, crc, zeroes) {
                 return Ok(Ok(Mismatch::NewerWrite));
             }
@@ -370,6 +406,9 @@ pub(crate) enum Mismatch {
     NewerWrite,
     /// The cache lost or damaged the sector.
     Damaged,
+    /// A clean sector whose checksum was lost with its metadata page: dropped from the cache
+    /// (the backing device has it), no error.
+    Unknown,
 }
 
 /// A new volume to record at create.
@@ -832,7 +871,10 @@ impl Cache {
             self.fold_volumes(sb);
             sb.state = CacheState::Clean;
             sb.checkpoint_seq = if discard { 0 } else { checkpoint };
-        })
+        })?;
+        // The checkpoint is authoritative now: no page of this run may overwrite it.
+        self.core.map().checksums_mut().forbid_writes();
+        Ok(())
     }
 }
 

@@ -60,17 +60,18 @@ pub(crate) enum PageSource {
 pub(crate) struct PageRead {
     pub page: u32,
     epoch: u32,
-    /// Where the page is on the cache device and the stamp it must carry; `None` when the
-    /// device holds nothing of it this run (installed as zeroes, nothing is read).
-    pub from: Option<(u64, u64)>,
+    /// Where the page is on the cache device; `None` when the device holds nothing of it
+    /// this run (installed as zeroes, nothing is read).
+    pub from: Option<u64>,
     /// The page's first slot, which its header must name.
     pub first_slot: u64,
 }
 
 /// What a read of a page gave.
 pub(crate) enum PageContent {
-    /// The page's checksums, `per_page × sectors` values.
-    Checksums(Vec<u32>),
+    /// The page's checksums, `per_page × sectors` values, and the stamp it carries (checked
+    /// when it is installed: any stamp of this run is accepted, see `known_stamps`).
+    Checksums(Vec<u32>, u64),
     /// Nothing of this run on the device: zeroes.
     Zeroes,
     /// The page could not be read or failed its checks: its checksums are unknown.
@@ -96,6 +97,8 @@ struct Frame {
     modified: bool,
     /// A write of a copy is under way (`take_due_writes` .. `written`).
     writing: bool,
+    /// The last write of it failed: not taken again until `retry_failed_writes`.
+    write_failed: bool,
     /// Counts changes, so `written` knows whether the copy written is still the newest.
     version: u32,
 }
@@ -133,8 +136,14 @@ pub(crate) struct ChecksumPages {
     /// While above zero nothing is dropped (a commit or compaction gathering its records).
     holds: u32,
     run_stamp: u64,
-    checkpoint_stamp: u64,
-    closing_stamp: u64,
+    /// Every stamp a page of this run may carry: the checkpoint's it opened from (if any),
+    /// the run's, and those of every clean stop of this run (one that failed leaves its pages
+    /// with its stamp). A page not in RAM is as its last write that ended well left it, so
+    /// any of them is its newest copy (review 26, R26-4).
+    known_stamps: Vec<u64>,
+    /// Pages whose checksums were lost (unreadable, or failing their checks): their clean
+    /// sectors' checksums are 0 = unknown, until new data gives them one (`checksum_unknown`).
+    lost_pages: std::collections::HashSet<u32>,
     writes_allowed: bool,
     pages_read: u64,
     pages_written: u64,
@@ -164,8 +173,8 @@ impl ChecksumPages {
             budget_frames: budget_frames.max(1),
             holds: 0,
             run_stamp: 1 << 63,
-            checkpoint_stamp: 0,
-            closing_stamp: 0,
+            known_stamps: Vec::new(),
+            lost_pages: std::collections::HashSet::new(),
             writes_allowed: false,
             pages_read: 0,
             pages_written: 0,
@@ -190,7 +199,7 @@ impl ChecksumPages {
 
     /// Every page is the checkpoint's (stamped `seq`): the cache opened from it.
     pub fn opened_from_checkpoint(&mut self, seq: u64) {
-        self.checkpoint_stamp = seq;
+        self.known_stamps.push(seq);
         self.source.fill(PageSource::Checkpoint);
     }
 
@@ -198,7 +207,9 @@ impl ChecksumPages {
     /// that finds another stamp counts the page as lost). Resident frames are unchanged: RAM
     /// holds what the checkpoint wrote, or newer.
     pub fn checkpoint_written(&mut self, pages: std::ops::Range<u32>, seq: u64) {
-        self.closing_stamp = seq;
+        if !self.known_stamps.contains(&seq) {
+            self.known_stamps.push(seq);
+        }
         for page in pages {
             let p = page as usize;
             if p < self.source.len() {
@@ -219,7 +230,14 @@ impl ChecksumPages {
     /// checkpoint's sequence number), and may be written: the superblock says running.
     pub fn allow_writes(&mut self, stamp: u64) {
         self.run_stamp = stamp | 1 << 63;
+        self.known_stamps.push(self.run_stamp);
         self.writes_allowed = true;
+    }
+
+    /// No page is written from now on: a clean stop wrote the checkpoint a clean superblock
+    /// now names, and nothing may overwrite it (a caller using the cache after `shutdown`).
+    pub fn forbid_writes(&mut self) {
+        self.writes_allowed = false;
     }
 
     pub fn set_budget(&mut self, frames: usize) {
@@ -269,16 +287,10 @@ impl ChecksumPages {
     /// How to read `page`.
     pub fn read_plan(&self, page: u32) -> PageRead {
         let p = page as usize;
-        let stamp = match self.source[p] {
-            PageSource::Nothing => None,
-            PageSource::Checkpoint => Some(self.checkpoint_stamp),
-            PageSource::ThisRun => Some(self.run_stamp),
-            PageSource::Closing => Some(self.closing_stamp),
-        };
         PageRead {
             page,
             epoch: self.epoch[p],
-            from: stamp.map(|s| (self.page_offset(page), s)),
+            from: (self.source[p] != PageSource::Nothing).then(|| self.page_offset(page)),
             first_slot: u64::from(page) * u64::from(self.per_page),
         }
     }
@@ -288,14 +300,16 @@ impl ChecksumPages {
     }
 
     /// Decodes a page read for `plan` on a cache of `line_size` lines.
+    /// The stamp is checked when the page is installed (`install`).
     pub fn decode(line_size: u64, plan: &PageRead, bytes: &[u8]) -> PageContent {
-        let Some((_, stamp)) = plan.from else {
+        if plan.from.is_none() {
             return PageContent::Zeroes;
-        };
+        }
         let per_page = MetaPage::records_per_page(line_size) as usize;
         let mut checksums = vec![0u32; per_page * LineRecord::sectors(line_size)];
+        let stamp = MetaPage::stamp_of(bytes);
         match MetaPage::decode_checksums(bytes, stamp, plan.first_slot, line_size, &mut checksums) {
-            Ok(()) => PageContent::Checksums(checksums),
+            Ok(()) => PageContent::Checksums(checksums, stamp),
             Err(e) => {
                 tracing::warn!(
                     "metadata page {} of the cache device failed its checks ({e}): the \
@@ -331,8 +345,20 @@ impl ChecksumPages {
         if plan.from.is_some() {
             self.pages_read += 1;
         }
+        let content = match content {
+            PageContent::Checksums(_, stamp) if !self.known_stamps.contains(&stamp) => {
+                tracing::warn!(
+                    "metadata page {} of the cache device carries stamp {stamp:#x}, which no \
+                     write of this run made: its checksums are lost; their clean data will be \
+                     read from the backing device",
+                    plan.page
+                );
+                PageContent::Lost
+            }
+            other => other,
+        };
         match content {
-            PageContent::Checksums(checksums) => {
+            PageContent::Checksums(checksums, _) => {
                 self.put(plan.page, Some(&checksums));
                 Installed::Yes
             }
@@ -342,6 +368,7 @@ impl ChecksumPages {
             }
             PageContent::Lost => {
                 self.pages_lost += 1;
+                self.lost_pages.insert(plan.page);
                 self.put(plan.page, None);
                 Installed::Lost
             }
@@ -368,6 +395,7 @@ impl ChecksumPages {
         f.referenced.store(true, Ordering::Relaxed);
         f.modified = false;
         f.writing = false;
+        f.write_failed = false;
         self.frame_of[page as usize] = frame;
         self.resident += 1;
     }
@@ -398,6 +426,7 @@ impl ChecksumPages {
             referenced: AtomicBool::new(false),
             modified: false,
             writing: false,
+            write_failed: false,
             version: 0,
         });
         (self.frames.len() - 1) as u32
@@ -541,7 +570,7 @@ impl ChecksumPages {
             let at = (self.hand + step) % n;
             let (page, version, modified, writing) = {
                 let f = &self.frames[at];
-                (f.page, f.version, f.modified, f.writing)
+                (f.page, f.version, f.modified, f.writing || f.write_failed)
             };
             if page == NO_PAGE || !modified || writing {
                 continue;
@@ -576,10 +605,28 @@ impl ChecksumPages {
         }
         let f = &mut self.frames[frame as usize];
         f.writing = false;
+        f.write_failed = !ok;
         if ok && f.modified && f.version == write.version {
             f.modified = false;
             self.modified -= 1;
         }
+    }
+
+    /// Frames whose last write failed may be taken again (the committer calls this once a
+    /// second: a failing device is retried that often, not on every request).
+    pub fn retry_failed_writes(&mut self) {
+        for f in &mut self.frames {
+            f.write_failed = false;
+        }
+    }
+
+    /// Whether sector `sector` of `slot` is clean and its checksum was lost with its page
+    /// (0 in a lost page): its data cannot be checked, so it is dropped, not counted as
+    /// damage (its copy on the backing device is the same).
+    pub fn checksum_unknown(&self, slot: u32, sector: usize) -> bool {
+        !self.lost_pages.is_empty()
+            && self.lost_pages.contains(&self.page_of(slot))
+            && self.get_one(slot, sector) == Some(0)
     }
 
     /// Drops unmodified frames beyond the budget (after a hold, or a smaller budget).
@@ -637,6 +684,7 @@ mod tests {
 
     const LINE: u64 = 64 << 10;
     const PER_PAGE: u32 = 42;
+    const RUN_STAMP: u64 = 1 << 63 | 7;
 
     fn pages(slots: u32, budget: usize) -> ChecksumPages {
         let mut p = ChecksumPages::new(slots, LINE, 1 << 20, budget);
@@ -657,7 +705,7 @@ mod tests {
         let plan = p.read_plan(page);
         let content = match plan.from {
             None => PageContent::Zeroes,
-            Some(_) => PageContent::Checksums(device[&page].clone()),
+            Some(_) => PageContent::Checksums(device[&page].clone(), RUN_STAMP),
         };
         p.install(&plan, content);
     }
@@ -749,7 +797,7 @@ mod tests {
         assert!(!p.is_resident(page * PER_PAGE));
         // The first reader's copy is refused; a fresh read gives 3.
         assert_eq!(
-            p.install(&stale_plan, PageContent::Checksums(stale)),
+            p.install(&stale_plan, PageContent::Checksums(stale, RUN_STAMP)),
             Installed::No
         );
         page_in(&mut p, &device, page);
@@ -802,8 +850,19 @@ mod tests {
         p.opened_from_checkpoint(5);
         p.set(0, 3, &[1]).unwrap_err();
         let plan = p.read_plan(0);
-        assert_eq!(plan.from, Some((0, 5)));
-        assert_eq!(p.install(&plan, PageContent::Lost), Installed::Lost);
+        assert_eq!(plan.from, Some(0));
+        // A stamp no write of this run made (an older run's page) is refused as lost.
+        let other_run = PageContent::Checksums(vec![1; 42 * 16], 1 << 63 | 99);
+        assert_eq!(p.install(&plan, other_run), Installed::Lost);
+        assert!(p.checksum_unknown(0, 3));
+        let mut fresh = ChecksumPages::new(4 * PER_PAGE, LINE, 0, 1);
+        fresh.opened_from_checkpoint(5);
+        let checkpoint = PageContent::Checksums(vec![1; 42 * 16], 5);
+        assert_eq!(
+            fresh.install(&fresh.read_plan(0), checkpoint),
+            Installed::Yes
+        );
+        assert!(!fresh.checksum_unknown(0, 3));
         p.set(0, 3, &[1]).unwrap();
         assert!(
             p.take_due_writes(64, true).is_empty(),

@@ -735,6 +735,7 @@ impl Cache {
             if requests.stopping() {
                 continue;
             }
+            self.core().retry_failed_checksum_writes();
             if let Err(e) = self.core().write_due_checksum_pages() {
                 tracing::warn!("writing checksum pages failed: {e}");
             }

@@ -625,8 +625,15 @@ impl MapState {
         if installed == Installed::Lost {
             for slot in self.checksums.slots_of(plan.page) {
                 if self.slots.key_of(slot) != NO_KEY && !self.dirty.is_empty(slot) {
-                    let dirty = self.dirty_bits(slot);
-                    self.set_unverified_bits(slot, &dirty);
+                    // Damaged sectors stay damaged: data refused once is never accepted
+                    // later (review 26, R26-1).
+                    let mut marks = self.dirty_bits(slot);
+                    let damaged = self.damaged_of(slot);
+                    for w in 0..4 {
+                        marks.0[w] &= !damaged.0[w];
+                    }
+                    marks.union_with(&self.unverified_bits(slot));
+                    self.set_unverified_bits(slot, &marks);
                 }
             }
         }
@@ -1152,12 +1159,18 @@ impl MapState {
         if key == NO_KEY {
             return Ok(LineRecord::FREE);
         }
-        let valid = self.valid_bits(slot);
+        let mut valid = self.valid_bits(slot);
         let mut crcs = vec![0u32; self.sectors_per_line];
         check(self.checksums.get(slot, 0, &mut crcs), || {
             format!("the record of slot {slot} was taken while its checksums were not in memory")
         })?;
+        let dirty = self.dirty_bits(slot);
         for (s, crc) in crcs.iter_mut().enumerate() {
+            // A clean sector whose checksum was lost with its page is left out: a checkpoint
+            // must not name it valid with a checksum that does not describe it.
+            if valid.get(s) && !dirty.get(s) && self.checksums.checksum_unknown(slot, s) {
+                valid.set(s, false);
+            }
             if !valid.get(s) {
                 *crc = 0;
             }

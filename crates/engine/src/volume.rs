@@ -742,8 +742,12 @@ impl Volume {
                 continue;
             }
             let s = first + i;
-            if self.core.settle_mismatch(slot, s, sector) == Mismatch::NewerWrite {
-                continue;
+            match self.core.settle_mismatch(slot, s, sector) {
+                Mismatch::NewerWrite => continue,
+                // Its checksum was lost with its metadata page, and it was dropped: read it
+                // from the backing device, no error (review 26, R26-2).
+                Mismatch::Unknown => return Ok(false),
+                Mismatch::Damaged => {}
             }
             self.count(Counter::ChecksumErrors, 1);
             let at = line * self.core.layout.line_size + s as u64 * SECTOR_SIZE;

@@ -262,6 +262,12 @@ impl MetaPage {
         Ok(())
     }
 
+    /// The checkpoint number (or stamp) a page's header names, unchecked: what
+    /// [`MetaPage::decode_checksums`] is then asked to expect when any of several stamps will do.
+    pub fn stamp_of(page: &[u8]) -> u64 {
+        get_u64(page, 8)
+    }
+
     /// Encodes a page of checksums only, as a running engine writes the checksums it keeps out
     /// of RAM (docs/design.md §2.2, "Pages written while running"): `crcs` holds
     /// `records_per_page × sectors` checksums of slots `first_slot..`, and every record is a
