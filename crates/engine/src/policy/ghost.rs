@@ -22,10 +22,34 @@ const MAX_CAPACITY: u32 = (u32::MAX - 1) / 2;
 /// A 32-bit digest of a line key: what a ghost remembers of it.
 pub(crate) type Fingerprint = u32;
 
-/// The fingerprint of `key`: the high half of MurmurHash3's 64-bit finaliser, in which every
-/// key bit affects every fingerprint bit (keys of neighbouring lines differ in low bits only).
+/// The salt of every fingerprint this process makes (`fingerprint_salt`).
+static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// A random value drawn once per process, mixed into every fingerprint: keys come from client
+/// offsets, and with a fixed hash a client could pick offsets whose fingerprints share one
+/// home, making every ghost lookup walk one long probe run under the map's lock (review 27,
+/// S1: 1,000 times slower per miss), or pick two keys that always share a ghost (F2). The
+/// simulator fixes it to 0 (`use_fixed_fingerprints`) so its results do not depend on the run.
+fn fingerprint_salt() -> u64 {
+    // The engine's own unit tests pick keys whose fingerprints must not collide: fixed there.
+    if cfg!(test) {
+        return 0;
+    }
+    *SALT.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0)
+}
+
+/// Makes every fingerprint of this process unsalted (salt 0), for the simulator: its results
+/// are then the same on every run. False when fingerprints were made with a random salt
+/// already (then they stay so).
+pub fn use_fixed_fingerprints() -> bool {
+    SALT.set(0).is_ok() || SALT.get() == Some(&0)
+}
+
+/// The fingerprint of `key`: the high half of MurmurHash3's 64-bit finaliser of the key with
+/// the process's salt, in which every key bit affects every fingerprint bit (keys of
+/// neighbouring lines differ in low bits only).
 pub(crate) fn fingerprint(key: u64) -> Fingerprint {
-    let mut h = key;
+    let mut h = key ^ fingerprint_salt();
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;

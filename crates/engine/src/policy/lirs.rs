@@ -166,6 +166,24 @@ impl Lirs {
     fn state_of(&self, slot: u32) -> State {
         self.state(slot)
     }
+
+    /// Review 27: LIR (true), resident HIR (false), untracked (None); and whether a slot's
+    /// node is in S.
+    #[cfg(test)]
+    pub(crate) fn review_state(&self, slot: u32) -> (Option<bool>, bool) {
+        let st = match self.state(slot) {
+            State::Free => None,
+            State::Lir => Some(true),
+            State::Hir => Some(false),
+        };
+        (st, self.stack.contains(slot))
+    }
+
+    /// Review 27: whether `key` has a ghost, and whether the ghost table is full.
+    #[cfg(test)]
+    pub(crate) fn review_ghost(&self, key: u64) -> (bool, bool) {
+        (self.ghosts.find(key).is_some(), self.ghosts.is_full())
+    }
 }
 
 impl ReplacementPolicy for Lirs {

@@ -341,7 +341,8 @@ impl LirsLean {
 
     /// Something last used at `time` stands above the bottom of S.
     fn in_stack(&self, time: u32) -> bool {
-        self.bottom_age().is_some_and(|b| age(self.now, time) < b)
+        self.bottom_age()
+            .is_some_and(|b| age(self.now, time).min(OLDEST_AGE) < b.min(OLDEST_AGE))
     }
 
     /// Demotes the bottom LIR lines to Q's end until no more than the target are LIR. Their
@@ -428,8 +429,9 @@ impl ReplacementPolicy for LirsLean {
         if evicted && self.in_stack(time) {
             let now = self.now;
             let bottom = self.bottom_age().expect("something is in S");
-            self.ghosts
-                .record(self.prints[slot as usize], time, |t| age(now, t) >= bottom);
+            self.ghosts.record(self.prints[slot as usize], time, |t| {
+                age(now, t).min(OLDEST_AGE) >= bottom.min(OLDEST_AGE)
+            });
         }
     }
 
@@ -748,3 +750,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod review27;

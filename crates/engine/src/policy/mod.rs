@@ -21,6 +21,7 @@ use crate::residency::Residency;
 pub use arc::ArcPolicy;
 pub use clock::Clock;
 pub use fifo::Fifo;
+pub use ghost::use_fixed_fingerprints;
 pub use lirs::Lirs;
 pub use lirs_lean::LirsLean;
 pub use lru::Lru;

@@ -29,7 +29,13 @@ pub fn identity(size: u64) -> BackingIdentity {
 
 thread_local! {
     /// The replacement policy of caches this thread formats (0 = LRU).
-    pub static POLICY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    pub static POLICY: std::cell::Cell<u32> = std::cell::Cell::new(
+        // Review 27: SSDCACHE_TEST_POLICY=<name> makes every test cache use that policy.
+        std::env::var("SSDCACHE_TEST_POLICY")
+            .ok()
+            .and_then(|n| ssdcache_engine::policy::id_of(&n))
+            .unwrap_or(0),
+    );
 }
 
 /// The policy `format_mem` and `format_dev` give new caches on this thread.
