@@ -10,7 +10,7 @@
 //! ([`ChecksumPages::take_due_writes`]) when the frames exceed their budget.
 //!
 //! Why this is crash safe: pages written while running carry this run's stamp and only their
-//! checksums (every record free), and nothing reads them after this run: after a crash the
+//! checksums (every record free), and no later run reads them: after a crash the
 //! journal is replayed and every page counts as holding nothing ([`PageSource::Nothing`]);
 //! after a clean stop the checkpoint has rewritten every page. A page is written only once the
 //! superblock says running ([`ChecksumPages::allow_writes`]), so a checkpoint that a clean
@@ -19,13 +19,14 @@
 //! replaces newer checksums.
 //!
 //! Everything here runs under the map's lock (a write lock, but for [`ChecksumPages::get`]
-//! and [`ChecksumPages::missing_pages`], which hits call under the read lock).
+//! and [`ChecksumPages::is_resident`], which hits call under the read lock).
 
 use crate::map::Invariant;
 use crate::sync::atomic::{AtomicBool, Ordering};
 use ssdcache_format::{LineRecord, MetaPage, SECTOR_SIZE};
 
 const NO_FRAME: u32 = u32::MAX;
+const NO_PAGE: u32 = u32::MAX;
 /// Frames the background may leave beyond the budget at the least (`Pressure`).
 const HARD_SLACK_FRAMES: usize = 64;
 
@@ -36,7 +37,6 @@ pub(crate) enum Pressure {
     WriteSoon,
     WriteNow,
 }
-const NO_PAGE: u32 = u32::MAX;
 
 /// What the cache device holds for a page, this run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub(crate) enum PageSource {
     /// A page this run wrote (stamped with the run's stamp).
     ThisRun,
     /// A page a checkpoint of this run wrote (a clean stop that may yet fail; stamped with
-    /// that checkpoint's sequence number, `closing_stamp`).
+    /// that checkpoint's sequence number, one of `known_stamps`).
     Closing,
 }
 

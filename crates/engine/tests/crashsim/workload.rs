@@ -169,6 +169,8 @@ type Outcome = bool;
 impl Run {
     /// Formats and opens the cache; the clock starts cutting power after this.
     pub fn setup(plan: Plan) -> (Arc<Run>, Cache) {
+        // Unsalted ghost fingerprints, so a seed replays the same policy decisions.
+        ssdcache_engine::policy::use_fixed_fingerprints();
         let clock = CrashClock::new();
         let cache_dev = Arc::new(clock.device("cache", plan.cache_size));
         let backing = Arc::new(clock.device("backing", plan.backing_size));
