@@ -177,7 +177,7 @@ impl DiskImage {
 }
 
 /// Whether a run of missed segments is still to be read from the backing device, or the
-/// request buffer holds the backing device's bytes of it already (`Volume::read_spanning`).
+/// request buffer holds the backing device's bytes of it already (`Volume::serve_spanned`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RunData {
     ToRead,
@@ -678,8 +678,17 @@ impl Volume {
     ) -> Result<bool> {
         if image.is_none() {
             if let Some(span) = self.miss_span(offset, buf.len() as u64) {
-                self.read_spanning(offset, buf, fill, span)?;
-                return Ok(false);
+                // If that one read fails (a bad sector under a cached line between the runs,
+                // say), the runs are read one by one below, every byte of `buf` again: the
+                // cached line still hides the disk's error under it (review 28, F1).
+                let (start, end) = span;
+                if self
+                    .read_backing(&mut buf[start..end], offset + start as u64)
+                    .is_ok()
+                {
+                    self.serve_spanned(offset, buf, fill, span)?;
+                    return Ok(false);
+                }
             }
         }
         let mut all_hit = true;
@@ -901,6 +910,12 @@ impl Volume {
                 after_hit = true;
                 continue;
             }
+            if seg.len < self.whole_line(seg.line).len {
+                // A missed part of a line (at the request's edges) is read whole, on its
+                // own, to cache the line whole (`read_missing_partial_line`): reading it in
+                // the span too read it twice (review 28, F2).
+                continue;
+            }
             runs += usize::from(after_hit);
             missed_bytes += seg.len;
             let (start, _) = span.get_or_insert((seg.buf_at, 0));
@@ -916,24 +931,24 @@ impl Volume {
         (runs >= 2 && cached_between <= missed_bytes).then_some(span?)
     }
 
-    /// Reads a request whose misses lie in two or more runs between cached lines with one
-    /// backing read, over `span` (`miss_span`), instead of one per run: on a hard drive every
-    /// further read costs a seek and most of a rotation (about 5 ms), the cached bytes read
-    /// with them a fraction of a millisecond per line. (A sequential read whose stream has
-    /// not reached the cutoff, over a partly cached range, took one disk read per missed
-    /// line.) The cached segments are then served from the cache over what the disk gave
-    /// (dirty sectors must be; clean ones are the same bytes) and the missed runs finished
-    /// from the buffer as `read_missing` finishes them. A cached segment the cache fails to
-    /// give back may have left the cache's bytes in the buffer: it is read again on its own.
-    /// The caller holds every line of the request, so no write to them begins meanwhile.
-    fn read_spanning(
+    /// Serves a request whose misses lie in two or more runs between cached lines after one
+    /// backing read over `span` (`miss_span`) put the disk's bytes in `buf`, instead of one
+    /// read per run: on a hard drive every further read costs a seek and most of a rotation
+    /// (about 5 ms), the cached bytes read with them a fraction of a millisecond per line. (A
+    /// sequential read whose stream has not reached the cutoff, over a partly cached range,
+    /// took one disk read per missed line.) The cached segments are served from the cache
+    /// over what the disk gave (dirty sectors must be; clean ones are the same bytes) and the
+    /// missed runs finished from the buffer as `read_missing` finishes them. A cached segment
+    /// the cache fails to give back may have left the cache's bytes in the buffer: it is read
+    /// again on its own, as is a missed part of a line (outside the span). The caller holds
+    /// every line of the request, so no write to them began since the span was read.
+    fn serve_spanned(
         &self,
         offset: u64,
         buf: &mut [u8],
         fill: Fill,
         (start, end): (usize, usize),
     ) -> Result<()> {
-        self.read_backing(&mut buf[start..end], offset + start as u64)?;
         let mut run: Option<(Segment, Segment)> = None;
         for seg in self.segments(offset, buf.len() as u64) {
             let in_span = seg.buf_at >= start && seg.buf_at + seg.len <= end;
