@@ -679,8 +679,9 @@ impl Volume {
         if image.is_none() {
             if let Some(span) = self.miss_span(offset, buf.len() as u64) {
                 // If that one read fails (a bad sector under a cached line between the runs,
-                // say), the runs are read one by one below, every byte of `buf` again: the
-                // cached line still hides the disk's error under it (review 28, F1).
+                // say; counted as a backing error), the runs are read one by one below, every
+                // byte of `buf` again: the cached line still hides the disk's error under it
+                // (review 28, F1).
                 let (start, end) = span;
                 if self
                     .read_backing(&mut buf[start..end], offset + start as u64)
@@ -895,9 +896,6 @@ impl Volume {
         Ok(())
     }
 
-    /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
-    /// segments say) from the backing device and caches those `fill` lets in. Admission is
-    /// asked once per missed segment.
     /// Where in a request buffer the backing device's bytes of its missed segments go when
     /// they are read at once: `[start, end)`, from the first missed byte to the last.
     fn miss_span(&self, offset: u64, length: u64) -> Option<(usize, usize)> {
@@ -974,6 +972,9 @@ impl Volume {
         Ok(())
     }
 
+    /// Reads the consecutive missing segments `first..=last` (positions in `buf` as the
+    /// segments say) from the backing device and caches those `fill` lets in. Admission is
+    /// asked once per missed segment.
     fn read_missing(
         &self,
         run: (Segment, Segment),
