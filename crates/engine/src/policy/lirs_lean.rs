@@ -85,6 +85,13 @@ fn age(now: u32, time: u32) -> u32 {
     now.wrapping_sub(time) & TIME
 }
 
+/// `age` as S compares it: the wrap sweep pulls stored times no further back than
+/// `OLDEST_AGE`, so all ages beyond it count as equal wherever the sweep has reached (review
+/// 27, F1: idle lines were ranked by where the sweep was).
+fn stack_age(now: u32, time: u32) -> u32 {
+    age(now, time).min(OLDEST_AGE)
+}
+
 /// Ghosts: 16-bit tags and 8-bit epochs in buckets of `WAYS` places, chosen by fingerprint.
 struct StampedGhosts {
     tags: Vec<u16>,
@@ -332,17 +339,17 @@ impl LirsLean {
         self.now
     }
 
-    /// How long ago the bottom of S (the least recently used LIR line) was used; `None`
-    /// when there is no LIR line, and so nothing in S.
+    /// How long ago the bottom of S (the least recently used LIR line) was used, as S
+    /// compares it (`stack_age`); `None` when there is no LIR line, and so nothing in S.
     fn bottom_age(&self) -> Option<u32> {
         let b = self.oldest[LIR];
-        (b != NIL).then(|| age(self.now, self.time_of(b)))
+        (b != NIL).then(|| stack_age(self.now, self.time_of(b)))
     }
 
     /// Something last used at `time` stands above the bottom of S.
     fn in_stack(&self, time: u32) -> bool {
         self.bottom_age()
-            .is_some_and(|b| age(self.now, time).min(OLDEST_AGE) < b.min(OLDEST_AGE))
+            .is_some_and(|b| stack_age(self.now, time) < b)
     }
 
     /// Demotes the bottom LIR lines to Q's end until no more than the target are LIR. Their
@@ -430,7 +437,7 @@ impl ReplacementPolicy for LirsLean {
             let now = self.now;
             let bottom = self.bottom_age().expect("something is in S");
             self.ghosts.record(self.prints[slot as usize], time, |t| {
-                age(now, t).min(OLDEST_AGE) >= bottom.min(OLDEST_AGE)
+                stack_age(now, t) >= bottom
             });
         }
     }
