@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{data, format_dev, open_dyn, MIB};
+use common::{data, format_dev, open_dyn, reads_of, MIB};
 use ssdcache_device::BlockDevice;
 use ssdcache_devsim::{CrashDevice, GateDevice, MemDevice, Op, RecordingDevice};
 use ssdcache_format::CacheMode;
@@ -13,12 +13,7 @@ const SECTOR: u64 = 4096;
 const LINE: u64 = 64 << 10;
 
 fn cache_reads(ops: &[Op]) -> Vec<u64> {
-    ops.iter()
-        .filter_map(|op| match *op {
-            Op::Read { len, .. } => Some(len),
-            _ => None,
-        })
-        .collect()
+    reads_of(ops).into_iter().map(|(_, len)| len).collect()
 }
 
 /// A stream past the sequential cutoff over lines partly cached reads on from the backing
@@ -29,11 +24,7 @@ fn cache_reads(ops: &[Op]) -> Vec<u64> {
 fn a_stream_past_the_cutoff_reads_only_dirty_sectors_from_the_cache() {
     const BACKING: u64 = 64 * MIB;
     let backing = Arc::new(MemDevice::new("backing", BACKING));
-    let mut model = vec![0u8; BACKING as usize];
-    for (i, chunk) in model.chunks_mut(SECTOR as usize).enumerate() {
-        chunk.copy_from_slice(&data(1_000_000 + i as u64, SECTOR as usize));
-    }
-    backing.write_at(&model, 0).expect("seed backing");
+    let mut model = common::seed_sectors(&*backing, BACKING, 1_000_000);
     let cache_mem = Arc::new(MemDevice::new("cache", 32 * MIB));
     format_dev(&*cache_mem, LINE, CacheMode::WriteBack, BACKING, MIB);
     let cache_dev = Arc::new(RecordingDevice::new(cache_mem.clone()));
@@ -295,23 +286,10 @@ fn a_flush_syncs_the_disk_only_after_a_write_to_it() {
     assert_eq!(backing.flush_count(), opened + 1);
 }
 
-fn backing_reads(ops: &[Op]) -> Vec<(u64, u64)> {
-    ops.iter()
-        .filter_map(|op| match *op {
-            Op::Read { offset, len } => Some((offset, len)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// A backing device of `size` bytes seeded with a known pattern, recorded, and its model.
 fn seeded_backing(size: u64) -> (Arc<RecordingDevice<MemDevice>>, Vec<u8>) {
     let mem = Arc::new(MemDevice::new("backing", size));
-    let mut model = vec![0u8; size as usize];
-    for (i, chunk) in model.chunks_mut(SECTOR as usize).enumerate() {
-        chunk.copy_from_slice(&data(2_000_000 + i as u64, SECTOR as usize));
-    }
-    mem.write_at(&model, 0).expect("seed backing");
+    let model = common::seed_sectors(&*mem, size, 2_000_000);
     (Arc::new(RecordingDevice::new(mem)), model)
 }
 
@@ -350,7 +328,7 @@ fn a_read_missing_lines_between_cached_ones_reads_the_disk_once() {
         "the read differs from what was written"
     );
     assert_eq!(
-        backing_reads(&backing.ops()),
+        reads_of(&backing.ops()),
         vec![(LINE, MIB - LINE)],
         "one backing read from the first missed line to the last"
     );
@@ -358,7 +336,7 @@ fn a_read_missing_lines_between_cached_ones_reads_the_disk_once() {
     backing.clear();
     vol.read(0, &mut got).expect("read again");
     assert!(got[..] == model[..MIB as usize], "the second read differs");
-    assert_eq!(backing_reads(&backing.ops()), vec![], "all cached now");
+    assert_eq!(reads_of(&backing.ops()), vec![], "all cached now");
 }
 
 /// Cached lines between the misses that the cache fails to give back are read from the
@@ -386,7 +364,7 @@ fn a_spanning_read_whose_cached_lines_fail_reads_them_again() {
         got[..] == model[..MIB as usize],
         "the read differs from the disk"
     );
-    let reads = backing_reads(&backing.ops());
+    let reads = reads_of(&backing.ops());
     assert_eq!(reads[0], (LINE, MIB - LINE), "{reads:?}");
     for line in [0u64, 2, 4, 6, 8, 10, 12, 14] {
         assert!(

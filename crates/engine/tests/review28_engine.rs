@@ -8,31 +8,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{data, format_dev, open_dyn, Rng, MIB};
+use common::{data, format_dev, open_dyn, reads_of, Rng, MIB};
 use ssdcache_device::BlockDevice;
-use ssdcache_devsim::{CrashDevice, MemDevice, Op, RecordingDevice};
+use ssdcache_devsim::{CrashDevice, MemDevice, RecordingDevice};
 use ssdcache_engine::{CleanerConfig, Select};
 use ssdcache_format::CacheMode;
 
 const SECTOR: u64 = 4096;
 const LINE: u64 = 64 << 10;
 
-fn backing_reads(ops: &[Op]) -> Vec<(u64, u64)> {
-    ops.iter()
-        .filter_map(|op| match *op {
-            Op::Read { offset, len } => Some((offset, len)),
-            _ => None,
-        })
-        .collect()
-}
-
 fn seed(dev: &dyn BlockDevice, size: u64) -> Vec<u8> {
-    let mut model = vec![0u8; size as usize];
-    for (i, chunk) in model.chunks_mut(SECTOR as usize).enumerate() {
-        chunk.copy_from_slice(&data(3_000_000 + i as u64, SECTOR as usize));
-    }
-    dev.write_at(&model, 0).expect("seed backing");
-    model
+    common::seed_sectors(dev, size, 3_000_000)
 }
 
 /// F1: a latent bad sector on the backing device under a line the cache holds is masked by the
@@ -102,7 +88,7 @@ fn f2_no_disk_sector_is_read_twice_by_one_request() {
         got[..] == model[at as usize..(at + len) as usize],
         "wrong data"
     );
-    let reads = backing_reads(&backing.ops());
+    let reads = reads_of(&backing.ops());
     let mut seen = vec![0u8; (BACKING / SECTOR) as usize];
     for &(o, l) in &reads {
         for s in o / SECTOR..(o + l) / SECTOR {

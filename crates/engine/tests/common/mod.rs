@@ -7,7 +7,7 @@ pub mod failing;
 use std::sync::Arc;
 
 use ssdcache_device::BlockDevice;
-use ssdcache_devsim::{CrashDevice, MemDevice};
+use ssdcache_devsim::{CrashDevice, MemDevice, Op};
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{format, read_superblock, Cache, NewVolume};
 use ssdcache_format::{BackingIdentity, BackingKind, CacheMode};
@@ -280,4 +280,25 @@ pub fn on_disk(mem: &MemDevice, offset: u64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
     mem.read_at(&mut buf, offset).expect("backing read");
     buf
+}
+
+/// Writes a known pattern over all `size` bytes of `dev` (each 4 KiB sector its own
+/// `data(tag + sector number)`) and returns it: the model of what the device holds.
+pub fn seed_sectors(dev: &dyn BlockDevice, size: u64, tag: u64) -> Vec<u8> {
+    let mut model = vec![0u8; size as usize];
+    for (i, chunk) in model.chunks_mut(4096).enumerate() {
+        chunk.copy_from_slice(&data(tag + i as u64, 4096));
+    }
+    dev.write_at(&model, 0).expect("seed the device");
+    model
+}
+
+/// The reads (offset, length) among a `RecordingDevice`'s calls, in order.
+pub fn reads_of(ops: &[Op]) -> Vec<(u64, u64)> {
+    ops.iter()
+        .filter_map(|op| match *op {
+            Op::Read { offset, len } => Some((offset, len)),
+            _ => None,
+        })
+        .collect()
 }
