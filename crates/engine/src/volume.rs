@@ -899,6 +899,15 @@ impl Volume {
     /// Where in a request buffer the backing device's bytes of its missed segments go when
     /// they are read at once: `[start, end)`, from the first missed byte to the last.
     fn miss_span(&self, offset: u64, length: u64) -> Option<(usize, usize)> {
+        // Two runs of misses need a cached line between them: three lines at least. Hits of
+        // one or two lines (most of them) so never take the map here.
+        if length == 0 {
+            return None;
+        }
+        let (first, last) = self.line_range(offset, length);
+        if last - first < 2 {
+            return None;
+        }
         let map = self.core.map_read();
         let (mut runs, mut missed_bytes, mut cached_between) = (0usize, 0usize, 0usize);
         let (mut span, mut cached_since_miss, mut after_hit) = (None, 0usize, true);
