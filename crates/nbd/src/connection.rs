@@ -674,17 +674,18 @@ impl<'a, S: NbdStream> Connection<'a, S> {
             self.closed.store(true, Ordering::SeqCst);
             return Ok(None);
         }
-        let mut batch = Batch {
-            reads: Vec::new(),
-            other: None,
-            error: None,
-        };
-        let mut wait = true;
         let most = if self.export.backend.batches_reads() {
             MAX_READ_BATCH
         } else {
             1
         };
+        let mut batch = Batch {
+            // Sized once: growing it while the input is held cost more than its memory.
+            reads: Vec::with_capacity(most),
+            other: None,
+            error: None,
+        };
+        let mut wait = true;
         while batch.reads.len() < most {
             if !wait && !next_is_read(input.reader.buffer()) {
                 break;

@@ -13,6 +13,7 @@
 //!
 //! [`BlockDevice::read_many`]: ssdcache_device::BlockDevice::read_many
 
+use smallvec::SmallVec;
 use ssdcache_device::DeviceRead;
 use ssdcache_format::{sector_crc, SectorBitmap, SECTOR_SIZE};
 
@@ -45,7 +46,8 @@ pub struct HitPlan<'v> {
     _lines: RangeGuard<'v>,
     offset: u64,
     length: u64,
-    segments: Vec<PlannedSegment>,
+    /// Inline for a request of up to two lines (every 4 KiB hit): nothing allocated.
+    segments: SmallVec<[PlannedSegment; 2]>,
 }
 
 struct PlannedSegment {
@@ -53,8 +55,9 @@ struct PlannedSegment {
     slot: u32,
     /// Byte offset of the segment's data on the cache device.
     device_offset: u64,
-    /// The checksum of each sector of the segment, as the map had them under the lock.
-    crcs: Vec<u32>,
+    /// The checksum of each sector of the segment, as the map had them under the lock
+    /// (inline up to a 64 KiB line of 4 KiB sectors).
+    crcs: SmallVec<[u32; 16]>,
     /// The checksums are to be confirmed once matched (`MapState::sector_crcs`).
     confirm: bool,
 }
@@ -88,10 +91,10 @@ impl Volume {
             self.core.locks.try_lock_range(self.id, first, last)?
         };
         let map = self.core.map_read();
-        let mut segments = Vec::new();
+        let mut segments = SmallVec::new();
         for seg in self.segments(offset, length) {
             let slot = Self::cached_slot(&map, self.id, &seg)?;
-            let mut crcs = vec![0u32; seg.sectors];
+            let mut crcs = SmallVec::from_elem(0u32, seg.sectors);
             // A checksum page not in RAM: served by `Volume::read`, which reads it.
             let confirm = map.sector_crcs(slot, seg.first_sector, &mut crcs).ok()?;
             segments.push(PlannedSegment {
@@ -180,7 +183,8 @@ impl Volume {
         reads: &mut [BatchRead<'_>],
         plans: &[Option<HitPlan<'_>>],
     ) -> Vec<bool> {
-        let mut device_reads = Vec::new();
+        let planned = plans.iter().flatten().map(|p| p.segments.len()).sum();
+        let mut device_reads = Vec::with_capacity(planned);
         for (read, plan) in reads.iter_mut().zip(plans) {
             let Some(plan) = plan else { continue };
             let mut rest: &mut [u8] = read.buf;
