@@ -6,9 +6,11 @@ mod config;
 mod control;
 mod create;
 mod devices;
+mod generate;
 mod hdd_emulator;
 #[cfg(feature = "simulator")]
 mod mrc;
+mod notify;
 mod report;
 mod serve;
 mod signals;
@@ -236,6 +238,23 @@ Example:\n  ssdcache advise --trace /var/tmp/sdb.trace --target-hit-ratio 0.9 --
     #[cfg(feature = "simulator")]
     #[command(long_about = mrc::LONG_ABOUT)]
     Mrc(mrc::MrcArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(
+        long_about = "Prints the completion script for SHELL on standard output, generated from \
+this program's own command-line definition. Install it where your shell looks, e.g.:\n  \
+ssdcache completions bash > /usr/share/bash-completion/completions/ssdcache\n  \
+ssdcache completions zsh > /usr/local/share/zsh/site-functions/_ssdcache\n  \
+ssdcache completions fish > /usr/share/fish/vendor_completions.d/ssdcache.fish\n\n\
+scripts/install does this for bash, zsh and fish."
+    )]
+    Completions(generate::CompletionsArgs),
+    /// Write the manual pages (ssdcache.1 and ssdcache-COMMAND.1) into a folder
+    #[command(
+        long_about = "Writes the manual pages of ssdcache and of each of its commands, generated \
+from the same definition as --help, into --dir (made if missing). scripts/install writes them \
+into PREFIX/share/man/man1; then `man ssdcache-serve` works."
+    )]
+    ManPages(generate::ManPagesArgs),
 }
 
 fn main() -> ExitCode {
@@ -269,6 +288,8 @@ fn main() -> ExitCode {
         Command::Advise(a) => advise::run(a),
         #[cfg(feature = "simulator")]
         Command::Mrc(a) => mrc::run(a),
+        Command::Completions(a) => generate::completions(a, Cli::command()),
+        Command::ManPages(a) => generate::man_pages(a, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

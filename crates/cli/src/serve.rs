@@ -12,7 +12,7 @@ use clap::Args;
 use ssdcache_device::{BlockDevice, FileDevice};
 use ssdcache_devsim::hdd::{HddDevice, HddParams};
 use ssdcache_engine::{BatchRead, Cache, CleanerConfig, EngineError, Volume};
-use ssdcache_format::Superblock;
+use ssdcache_format::{CacheState, Superblock};
 use ssdcache_nbd::{
     transmission_flags, BatchedRead, Command, Errno, Export, ExportInfo, Lane, Server,
     ServerConfig, ServerError, ServerExport,
@@ -23,6 +23,7 @@ use ssdcache_trace::Op;
 use crate::config::{FileConfig, SizeValue};
 use crate::control;
 use crate::devices::{open_backings, open_cache_device, parse_backing};
+use crate::notify::Notifier;
 use crate::signals::StopEvents;
 use crate::size::{human, parse_size};
 use crate::tuning::CacheTuning;
@@ -614,7 +615,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some((path, config)) => Some(Arc::new(start_recording(path, config)?)),
         None => None,
     };
-    let result = serve(&s, &stops, recorder.clone());
+    let result = serve(&s, &stops, recorder.clone(), &Notifier::from_env());
     if let (Err(_), Some(recorder), Some((path, _))) = (&result, &recorder, &s.record) {
         if recorder.finish().records_written == 0 {
             let _ = std::fs::remove_file(path);
@@ -626,7 +627,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// Everything that can fail is checked or made before `Cache::open`, which marks the cache
 /// running: a mistake at start leaves a warm cache warm. After it, a failed start closes the
 /// cache cleanly, and a stop is bounded (docs/design.md §6.2).
-fn serve(s: &Settings, stops: &StopEvents, recorder: Option<Arc<Recorder>>) -> Result<()> {
+fn serve(
+    s: &Settings,
+    stops: &StopEvents,
+    recorder: Option<Arc<Recorder>>,
+    manager: &Notifier,
+) -> Result<()> {
     let (dev, sb) = read_cache(s)?;
     let Endpoints {
         nbd,
@@ -635,6 +641,10 @@ fn serve(s: &Settings, stops: &StopEvents, recorder: Option<Arc<Recorder>>) -> R
         files: _socket_files,
     } = Endpoints::bind(s, &sb)?;
     let backings = open_backings_to_serve(s, &*dev, &sb)?;
+    manager.status(match sb.state {
+        CacheState::Clean => "opening the cache (clean stop: restoring the cache map)",
+        CacheState::Running => "opening the cache (no clean stop: replaying the journal)",
+    });
     let cache = open_cache(s, dev, sb, backings)?;
     let server = match Server::new(
         exports(&cache, s.read_only, recorder.as_deref()),
@@ -649,13 +659,27 @@ fn serve(s: &Settings, stops: &StopEvents, recorder: Option<Arc<Recorder>>) -> R
     if let Err(e) = start_serving(s, &cache, &server, (nbd, tcp, control), stops, &recorder) {
         return Err(close_after_failed_start(&cache, Some(&server), e));
     }
+    manager.ready(&serving_status(&cache));
     let why = stops.wait();
+    manager.stopping(&format!(
+        "{why}: stopping (requests finish, then the cache map is written)"
+    ));
     tracing::info!(
         "{why}: stopping; requests in flight get up to {} s to finish (a second signal does not wait)",
         s.limits.shutdown_timeout.as_secs()
     );
     let ending = drain(&server, stops, s.limits.shutdown_timeout);
     close(&cache, ending, recorder.as_ref())
+}
+
+/// What `systemctl status` shows while serving.
+fn serving_status(cache: &Cache) -> String {
+    let volumes: Vec<String> = cache
+        .volumes()
+        .iter()
+        .map(|v| format!("'{}' ({})", v.name(), v.mode()))
+        .collect();
+    format!("serving {}", volumes.join(", "))
 }
 
 fn start_serving(
