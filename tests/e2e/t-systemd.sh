@@ -20,15 +20,21 @@ P="$ROOT/usr" U="$ROOT/units" C="$ROOT/etc"
     >install.log 2>&1 || fail "scripts/install failed: $(cat install.log)"
 UNIT="$U/ssdcache@.service"
 [[ -s "$UNIT" ]] || fail "no unit installed: $(cat install.log)"
+# A path the unit cannot name is refused (exit 2) before anything is installed.
+rc=0
+"$REPO/scripts/install" --bin "$SSDCACHE_BIN" --prefix "$TEST_DIR/a b" --systemd-dir "$U" \
+    --config-dir "$C" >badpath.log 2>&1 || rc=$?
+assert_eq "$rc" 2 "install with a space in --prefix: $(cat badpath.log)"
+[[ ! -e "$TEST_DIR/a b" ]] || fail "install with a bad --prefix installed something"
 
 # ---- 1. the unit verifies; man pages and completions are there ----
-MANPATH="$P/share/man" systemd-analyze verify "$UNIT" >verify.log 2>&1 \
+MANPATH="$P/share/man" timeout 60 systemd-analyze verify "$UNIT" >verify.log 2>&1 \
     || fail "systemd-analyze verify failed: $(cat verify.log)"
 [[ ! -s verify.log ]] || fail "systemd-analyze verify complained: $(cat verify.log)"
 for c in "" -create -serve -stats -info -flush -detach -recover -set-mode -completions -man-pages; do
     [[ -s "$P/share/man/man1/ssdcache$c.1" ]] || fail "no manual page ssdcache$c.1: $(ls "$P/share/man/man1")"
 done
-page=$(MANPATH="$P/share/man" MANWIDTH=100 man ssdcache-serve 2>/dev/null)
+page=$(MANPATH="$P/share/man" MANWIDTH=100 timeout 60 man ssdcache-serve 2>/dev/null)
 assert_contains "$page" "shutdown-timeout" "man ssdcache-serve"
 completed=$(bash -c 'source "$1"; COMP_WORDS=(ssdcache se); COMP_CWORD=1; COMP_LINE="ssdcache se"; COMP_POINT=${#COMP_LINE}; _ssdcache ssdcache se ssdcache; printf "%s\n" "${COMPREPLY[@]}"' _ \
     "$P/share/bash-completion/completions/ssdcache")
@@ -78,18 +84,23 @@ wait_note() {
     done
     fail "no '$1' notification in 30 s; notes: $(cat "$NOTES"); log: $(cat "$SVC_LOG")"
 }
-# exited_with STATUS: waits (bounded) for the service to exit and checks its status.
+# exited_with STATUS: waits (bounded) for the service to exit and checks its status; then
+# gives the listener a moment to record what was sent before the exit.
 exited_with() {
     _wait_gone "$SVC_PID" 60 || fail "the service did not exit; log: $(cat "$SVC_LOG")"
     local rc=0
     wait "$SVC_PID" || rc=$?
     assert_eq "$rc" "$1" "exit status; log: $(cat "$SVC_LOG")"
     check_no_panic "$SVC_PID"
+    sleep 1
 }
 
 run_as_systemd
 wait_note "READY=1"
-# READY means serving: a client gets the export at once, no retry.
+# READY means serving: the cache is open and its export set up when READY is sent (the log
+# says so before), and a client gets the export without retrying.
+grep -q "serving volume 'vol0'" "$SVC_LOG" || fail "READY=1 before the export was set up: $(cat "$SVC_LOG")"
+grep -Eq "cache (warm|starts cold)" "$SVC_LOG" || fail "READY=1 before the cache was open: $(cat "$SVC_LOG")"
 size=$(timeout 10 nbdinfo --size "$URI") || fail "READY=1 was sent but the export does not answer"
 assert_eq "$size" $((64 * M)) "export size at READY"
 grep -F "READY=1" "$NOTES" | grep -qF "STATUS=serving 'vol0' (write-back)" \

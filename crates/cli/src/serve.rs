@@ -669,7 +669,13 @@ fn serve(
         s.limits.shutdown_timeout.as_secs()
     );
     let ending = drain(&server, stops, s.limits.shutdown_timeout);
-    close(&cache, ending, recorder.as_ref())
+    close(&cache, ending, recorder.as_ref())?;
+    if !crate::signals::is_stop_signal(&why) {
+        // Stopped cleanly, but not because anyone asked: a service manager must see a
+        // failure (and restart it), not a stop.
+        bail!("stopped because of {why}; the cache was closed cleanly (see the log above)");
+    }
+    Ok(())
 }
 
 /// What `systemctl status` shows while serving.

@@ -6,6 +6,15 @@ use std::sync::{mpsc, Arc};
 use anyhow::{Context, Result};
 use ssdcache_nbd::Server;
 
+const SIGTERM_NAME: &str = "SIGTERM";
+const SIGINT_NAME: &str = "SIGINT";
+
+/// Whether a reason to stop given by [`StopEvents::wait`] is a request to stop (SIGTERM or
+/// SIGINT), as opposed to a failure (a listener failing, the cache halting).
+pub fn is_stop_signal(why: &str) -> bool {
+    why == SIGTERM_NAME || why == SIGINT_NAME
+}
+
 /// What stops the daemon: SIGTERM, SIGINT, or a listener that failed, as messages for the
 /// log. Signals are caught from `install` on.
 pub struct StopEvents {
@@ -25,8 +34,8 @@ impl StopEvents {
             .spawn(move || {
                 for signal in signals.forever() {
                     let name = match signal {
-                        SIGTERM => "SIGTERM".to_owned(),
-                        SIGINT => "SIGINT".to_owned(),
+                        SIGTERM => SIGTERM_NAME.to_owned(),
+                        SIGINT => SIGINT_NAME.to_owned(),
                         other => format!("signal {other}"),
                     };
                     if forward.send(name).is_err() {
