@@ -24,6 +24,8 @@ pub struct ManPagesArgs {
 
 /// Prints the completion script of `shell` on standard output.
 pub fn completions(args: CompletionsArgs, mut cli: clap::Command) -> Result<()> {
+    // Into memory first: clap_complete panics when its writer fails (a closed pipe), and a
+    // failed write here must be an error, not a panic.
     let mut out = Vec::new();
     clap_complete::generate(args.shell, &mut cli, "ssdcache", &mut out);
     use std::io::Write;

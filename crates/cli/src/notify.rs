@@ -105,9 +105,4 @@ mod tests {
         assert_eq!(&buf[..n], b"STATUS=replaying the journal");
         Ok(())
     }
-
-    #[test]
-    fn without_a_manager_nothing_is_sent() {
-        Notifier { target: None }.ready("serving");
-    }
 }
