@@ -528,19 +528,20 @@ impl RingReads for VolumeRingReads<'_> {
         unsafe { self.hits.start(&mut hits) };
         for (read, hit) in reads.iter_mut().zip(&hits) {
             read.started = hit.started;
+            if hit.started {
+                // The others are recorded when the connection serves them.
+                self.export.record(Op::Read, read.offset, read.len as u64);
+            }
         }
     }
-    /// Recorded as they end when served (requests in flight together have no order); one
-    /// not served is recorded when the connection reads it again with `Export::read`.
-    fn wait(&self, ended: &mut Vec<(u64, bool)>) -> std::io::Result<()> {
-        let mut hits = Vec::new();
-        self.hits.wait(&mut hits).map_err(|broken| broken.0)?;
-        for hit in hits {
-            if hit.served {
-                self.export.record(Op::Read, hit.offset, hit.len as u64);
-            }
-            ended.push((hit.tag, hit.served));
-        }
+    fn wait(&self, ended: &mut Vec<(u64, Result<(), Errno>)>) -> std::io::Result<()> {
+        let mut results = Vec::new();
+        self.hits.wait(&mut results).map_err(|broken| broken.0)?;
+        ended.extend(
+            results
+                .into_iter()
+                .map(|(tag, result)| (tag, result.map_err(errno))),
+        );
         Ok(())
     }
     fn wake(&self) {

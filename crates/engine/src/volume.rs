@@ -21,7 +21,7 @@ use crate::sync::{Mutex, MutexGuard, RwLock};
 mod batch;
 mod ring_hits;
 pub use batch::{BatchRead, HitPlan};
-pub use ring_hits::{RingEnd, RingHit, RingHits};
+pub use ring_hits::{RingHit, RingHits};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]

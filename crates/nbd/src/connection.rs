@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, IoSlice, Read};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, Scope};
 use std::time::{Duration, Instant};
 
@@ -518,25 +518,7 @@ impl<'a> SlowLane<'a> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        let full = state.queue.len() >= SLOW_LANE_QUEUE;
-        self.enqueue(state, request, full)
-    }
-
-    /// Queues `request` at once, even past [`SLOW_LANE_QUEUE`] (for the completion thread,
-    /// which must never wait: bounded by the ring's reads in flight).
-    fn push_now(&self, request: Request<'a>) -> Queued {
-        let state = lock(&self.state);
-        self.enqueue(state, request, false)
-    }
-
-    /// Queues `request` unless the lane is closed or `refuse` (then drops it unanswered).
-    fn enqueue(
-        &self,
-        mut state: MutexGuard<'_, SlowState<'a>>,
-        request: Request<'a>,
-        refuse: bool,
-    ) -> Queued {
-        if state.closed || refuse {
+        if state.closed || state.queue.len() >= SLOW_LANE_QUEUE {
             // Its lease goes back to the pool outside the lane's lock.
             drop(state);
             drop(request);
@@ -671,7 +653,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 ring.open.store(true, Ordering::SeqCst);
                 let spawned = thread::Builder::new()
                     .name("nbd-completer".into())
-                    .spawn_scoped(scope, move || self.ring_completer(ring, scope));
+                    .spawn_scoped(scope, move || self.ring_completer(ring));
                 spawned
                     .inspect_err(|error| {
                         ring.open.store(false, Ordering::SeqCst);
@@ -898,7 +880,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     }
 
     /// Answers ring READs as they end, until the readers stopped and none is in flight.
-    fn ring_completer<'scope>(&'scope self, ring: &RingLane<'a>, scope: &'scope Scope<'scope, '_>) {
+    fn ring_completer(&self, ring: &RingLane<'a>) {
         let _abort_on_panic = AbortOnPanic(self);
         let mut ended = Vec::new();
         loop {
@@ -917,53 +899,26 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 self.abort();
                 return;
             }
-            let mut served = Vec::with_capacity(ended.len());
-            let mut again = Vec::new();
+            let mut requests = Vec::with_capacity(ended.len());
+            let mut outcomes = Vec::with_capacity(ended.len());
             {
                 let mut pending = lock(&ring.pending);
-                for &(tag, was_served) in &ended {
+                for (tag, outcome) in ended.drain(..) {
                     if let Some((request, _inside)) = pending.try_remove(tag as usize) {
-                        if was_served {
-                            served.push(request);
-                        } else {
-                            again.push(request);
-                        }
+                        requests.push(request);
+                        outcomes.push(outcome);
                     }
                 }
             }
-            for request in again {
-                self.read_again_off_ring(request, scope);
-            }
-            if served.is_empty() || self.aborted.load(Ordering::SeqCst) {
+            if requests.is_empty() {
                 continue;
             }
-            let outcomes = vec![Ok(()); served.len()];
-            if let Err(error) = self.send_replies(&served, &outcomes) {
+            if self.aborted.load(Ordering::SeqCst) {
+                continue;
+            }
+            if let Err(error) = self.send_replies(&requests, &outcomes) {
                 self.record(error);
                 self.abort();
-            }
-        }
-    }
-
-    /// A ring READ that ended unserved (a failed device read, a checksum mismatch) goes to
-    /// the slow lane, whose worker reads it with [`crate::Export::read`]. Never on the
-    /// completion thread, which must not wait for lines that ring hits in flight hold until
-    /// it reaps them (review 31), and never waiting for room: the slow queue may exceed its
-    /// bound by at most the ring's reads in flight.
-    fn read_again_off_ring<'scope>(
-        &'scope self,
-        request: Request<'a>,
-        scope: &'scope Scope<'scope, '_>,
-    ) {
-        if let Queued::NeedsWorker = self.slow.push_now(request) {
-            let spawned = thread::Builder::new()
-                .name("nbd-slow-worker".into())
-                .spawn_scoped(scope, || self.slow_worker());
-            if let Err(error) = spawned {
-                // Left queued: the next slow request a fast worker queues starts a worker
-                // or serves the queue itself.
-                warn!(peer = %self.peer, %error, "cannot start a slow-lane worker thread");
-                self.slow.worker_not_started();
             }
         }
     }

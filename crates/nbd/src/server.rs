@@ -92,11 +92,9 @@ pub trait RingReads: Send + Sync {
     /// else, until [`RingReads::wait`] reported its tag, or forever once `wait` failed.
     unsafe fn start(&self, reads: &mut [RingStart]);
     /// Waits until at least one started read ended (or [`RingReads::wake`]) and appends each
-    /// that ended as (tag, served). Not served: the connection serves the read again with
-    /// [`Export::read`], on another thread than the one waiting here (the export's read may
-    /// wait for what only `wait` lets go). One thread waits at a time. An error means started
+    /// that ended as (tag, outcome). One thread waits at a time. An error means started
     /// reads may never end: their buffers must be leaked.
-    fn wait(&self, ended: &mut Vec<(u64, bool)>) -> io::Result<()>;
+    fn wait(&self, ended: &mut Vec<(u64, Result<(), Errno>)>) -> io::Result<()>;
     /// Makes a thread in `wait` return.
     fn wake(&self);
 }

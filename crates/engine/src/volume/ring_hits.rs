@@ -1,15 +1,14 @@
-//! Hits that complete on another thread (docs/design.md §6, "Hits without waiting"): a whole
-//! hit's lines are held and its cache-device reads submitted to a [`ReadRing`] straight into
-//! the caller's buffer; the thread that called [`RingHits::start`] goes on at once, and the
-//! thread in [`RingHits::wait`] checks each hit as its reads complete and releases its lines;
-//! a hit that failed its check is left to the caller to serve, on another thread. The NBD
-//! server keeps one per connection, so the thread reading requests never waits for the cache
-//! device and each reply leaves as soon as its own data is in.
+//! Hits that complete on another thread (docs/design.md §6.1, "Hits without waiting"): a
+//! whole hit's lines are held and its cache-device reads submitted to a [`ReadRing`] straight
+//! into the caller's buffer; the thread that called [`RingHits::start`] goes on at once, and
+//! the thread in [`RingHits::wait`] verifies each hit as its reads complete and releases its
+//! lines. The NBD server keeps one per connection, so the thread reading requests never waits
+//! for the cache device and each reply leaves as soon as its own data is in.
 //!
 //! No deadlock, as in a batch (`batch.rs`): a hit is started only with lines it could take
-//! without waiting (try-lock, all or none), and the thread in `wait` never waits for a line,
-//! so a holder of lines waiting for another (a write, the cleaner, a read) waits only for
-//! reads of the cache device to complete.
+//! without waiting (try-lock, all or none), and the thread in `wait` takes no line lock at
+//! all, so a holder of lines waiting for another (a write, the cleaner) waits only for reads
+//! of the cache device to complete.
 
 use std::os::unix::io::RawFd;
 
@@ -18,6 +17,7 @@ use smallvec::SmallVec;
 use ssdcache_device::read_ring::{ReadRing, RingBroken, RingRead, ENTRIES};
 
 use super::{lock, HitPlan, Volume};
+use crate::error::Result;
 use crate::sync::Mutex;
 
 /// One read for [`RingHits::start`].
@@ -30,16 +30,6 @@ pub struct RingHit {
     pub len: usize,
     /// Set by `start`: the hit is in flight and `wait` will report its tag.
     pub started: bool,
-}
-
-/// A hit [`RingHits::wait`] reports as ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingEnd {
-    pub tag: u64,
-    pub offset: u64,
-    pub len: usize,
-    /// False: the caller must serve the read with [`Volume::read`], on another thread.
-    pub served: bool,
 }
 
 /// Reads of segments one hit may have: a hit of more lines is served the usual way.
@@ -165,13 +155,11 @@ impl<'v> RingHits<'v> {
     }
 
     /// Waits until at least one started hit ended (or [`RingHits::wake`]), and appends each
-    /// that ended, its lines released. Served: its data is in its buffer, checked against its
-    /// checksums, and counted. Not served (a device read failed or the data did not match):
-    /// the caller serves it with [`Volume::read`], which reports or repairs what went wrong,
-    /// but never on the thread that waits here: `read` may wait for lines that hits still in
-    /// flight hold, and only this thread releases them (review 31: a damaged hit served here
-    /// waited for a write that waited for another hit's line). One thread waits at a time.
-    pub fn wait(&self, ended: &mut Vec<RingEnd>) -> std::result::Result<(), RingBroken> {
+    /// that ended as (tag, result): its data is in its buffer, checked and counted. A hit
+    /// whose read failed or whose data did not match its checksums is served again by
+    /// [`Volume::read`] here, after its lines were released (it reports or repairs what went
+    /// wrong). One thread waits at a time.
+    pub fn wait(&self, ended: &mut Vec<(u64, Result<()>)>) -> std::result::Result<(), RingBroken> {
         let mut completions = Vec::with_capacity(Self::MAX_READS_IN_FLIGHT);
         self.ring.reap(&mut completions)?;
         let mut finished: SmallVec<[Pending<'v>; 32]> = SmallVec::new();
@@ -197,14 +185,16 @@ impl<'v> RingHits<'v> {
         for p in finished {
             // SAFETY: every read into the buffer completed, and the caller keeps the buffer
             // alive and to itself until this reports its tag.
-            let buf = unsafe { std::slice::from_raw_parts(p.buf as *const u8, p.len) };
-            ended.push(RingEnd {
-                tag: p.tag,
-                offset: p.plan.offset,
-                len: p.len,
-                served: self.volume.finish_hit(&p.plan, buf, &p.ok),
-            });
-            // The plan's lines are released here, before the next hit is checked.
+            let buf = unsafe { std::slice::from_raw_parts_mut(p.buf as *mut u8, p.len) };
+            let served = self.volume.finish_hit(&p.plan, buf, &p.ok);
+            let offset = p.plan.offset;
+            drop(p.plan);
+            let result = if served {
+                Ok(())
+            } else {
+                self.volume.read(offset, buf)
+            };
+            ended.push((p.tag, result));
         }
         Ok(())
     }
@@ -226,8 +216,8 @@ impl Drop for RingHits<'_> {
         let mut ended = Vec::new();
         while self.in_flight() > 0 {
             if self.wait(&mut ended).is_err() {
-                // The ring is leaked with its reads (ReadRing's drop); the caller must leak
-                // their buffers too.
+                // The ring is leaked with its reads (ReadRing's drop); so are the lines'
+                // plans' buffers, which the caller must leak too.
                 return;
             }
             ended.clear();
