@@ -12,9 +12,6 @@
 //!   slow queue, and the worker goes back to reading.
 //! * Slow workers (`threads_per_connection`, started when a queued request finds none idle)
 //!   take requests from the queue in order, run them and answer.
-//! * If the export has [`Export::ring_reads`](crate::Export::ring_reads), a completion thread:
-//!   a fast worker starts the READs of its batch that the export can end there and goes back
-//!   to reading; the completion thread answers each as it ends ([`RingLane`]).
 //!
 //! Replies go out in completion order, one whole reply at a time under the writer lock. The
 //! slow queue holds at most [`SLOW_LANE_QUEUE`] requests; while it is full, a fast worker
@@ -42,8 +39,8 @@ use crate::proto::{
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
 use crate::server::{
-    lock, BatchedRead, InBackend, Lane, NbdStream, Registration, RingReads, RingStart,
-    ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
+    lock, BatchedRead, Lane, NbdStream, Registration, ServerExport, Shared, DATALESS_CHUNK_BYTES,
+    MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
@@ -188,12 +185,6 @@ fn transmit<S: NbdStream>(
         first_error: Mutex::new(None),
         memory: &memory,
         slow: SlowLane::new(config.threads_per_connection),
-        ring: export.backend.ring_reads().map(|reads| RingLane {
-            reads,
-            pending: Mutex::new(slab::Slab::new()),
-            open: AtomicBool::new(false),
-            broken: AtomicBool::new(false),
-        }),
         export,
         max_payload: config.max_request.min(export.info.max_block),
         shared,
@@ -590,34 +581,6 @@ impl<'a> SlowLane<'a> {
     }
 }
 
-/// READs whose cache-device reads are in flight while the connection reads on
-/// ([`crate::Export::ring_reads`]), and what ends them.
-struct RingLane<'a> {
-    /// Declared first, so it drops first: its drop waits for every read still in flight,
-    /// before the buffers in `pending` are freed.
-    reads: Box<dyn RingReads + 'a>,
-    /// The requests started, by tag, each counted inside the backend until it ends.
-    pending: Mutex<slab::Slab<(Request<'a>, InBackend<'a>)>>,
-    /// Reads may start: the completion thread runs and the readers have not stopped. Once
-    /// it is false again the completion thread ends as soon as `pending` is empty.
-    open: AtomicBool,
-    /// `wait` failed: reads may never end, so the buffers in `pending` are leaked.
-    broken: AtomicBool,
-}
-
-impl Drop for RingLane<'_> {
-    fn drop(&mut self) {
-        if *self.broken.get_mut() {
-            let pending = std::mem::take(
-                self.pending
-                    .get_mut()
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
-            std::mem::forget(pending);
-        }
-    }
-}
-
 /// State shared by the workers of one connection in transmission.
 struct Connection<'a, S: NbdStream> {
     input: Mutex<Input<S>>,
@@ -636,8 +599,6 @@ struct Connection<'a, S: NbdStream> {
     memory: &'a ConnectionMemory,
     /// Requests that may wait for the slow device, and their workers.
     slow: SlowLane<'a>,
-    /// Fast READs in flight without a worker, if the export has them.
-    ring: Option<RingLane<'a>>,
     export: &'a ServerExport,
     max_payload: u32,
     shared: &'a Shared,
@@ -649,19 +610,6 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// start until all have stopped; returns the first error any of them hit.
     fn run_workers(&self, fast_threads: usize) -> Result<(), ConnectionError> {
         thread::scope(|scope| {
-            let completer = self.ring.as_ref().and_then(|ring| {
-                ring.open.store(true, Ordering::SeqCst);
-                let spawned = thread::Builder::new()
-                    .name("nbd-completer".into())
-                    .spawn_scoped(scope, move || self.ring_completer(ring));
-                spawned
-                    .inspect_err(|error| {
-                        ring.open.store(false, Ordering::SeqCst);
-                        warn!(peer = %self.peer, %error, "serving every read on workers");
-                    })
-                    .ok()
-                    .map(|handle| (ring, handle))
-            });
             let mut helpers = Vec::with_capacity(fast_threads.saturating_sub(1));
             for _ in 1..fast_threads {
                 let spawned = thread::Builder::new()
@@ -676,14 +624,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 }
             }
             self.fast_worker(scope);
-            let mut panics: Vec<_> = helpers.into_iter().filter_map(|h| h.join().err()).collect();
-            if let Some((ring, handle)) = completer {
-                // No READ starts any more: the completion thread answers those in flight
-                // and stops.
-                ring.open.store(false, Ordering::SeqCst);
-                ring.reads.wake();
-                panics.extend(handle.join().err());
-            }
+            let panics: Vec<_> = helpers.into_iter().filter_map(|h| h.join().err()).collect();
             // Nothing is read any more: the slow workers finish the queue and stop (the
             // scope waits for them).
             self.slow.close();
@@ -821,111 +762,9 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         }
     }
 
-    /// Serves a batch of fast READs (each with its buffer): those the export can end on the
-    /// completion thread are started there; the others with one call to the export, their
-    /// replies sent in one writev. False when the replies could not be sent.
-    fn serve_reads(&self, requests: Vec<Request<'a>>) -> bool {
-        let requests = match &self.ring {
-            Some(ring) if ring.open.load(Ordering::SeqCst) => self.start_ring_reads(ring, requests),
-            _ => requests,
-        };
-        if requests.is_empty() {
-            return true;
-        }
-        self.serve_read_batch(requests)
-    }
-
-    /// Starts what it can of `requests` on the ring; gives back the others.
-    fn start_ring_reads(
-        &self,
-        ring: &RingLane<'a>,
-        requests: Vec<Request<'a>>,
-    ) -> Vec<Request<'a>> {
-        let mut rest = Vec::new();
-        let mut starts = Vec::with_capacity(requests.len());
-        let mut pending = lock(&ring.pending);
-        for mut request in requests {
-            let inside = match self.shared.enter_backend() {
-                Ok(inside) => inside,
-                Err(_) => {
-                    rest.push(request);
-                    continue;
-                }
-            };
-            let offset = request.header.offset;
-            let Some(buf) = request.buffer.as_deref_mut() else {
-                rest.push(request);
-                continue;
-            };
-            let (buf, len) = (buf.as_mut_ptr(), buf.len());
-            let tag = pending.insert((request, inside)) as u64;
-            starts.push(RingStart {
-                tag,
-                offset,
-                buf,
-                len,
-                started: false,
-            });
-        }
-        // SAFETY: each buffer belongs to its request, which stays in `pending` untouched until
-        // the completion thread takes it out after `wait` reported its tag; if `wait` fails,
-        // `pending` is leaked (RingLane's drop), and the ring is dropped before `pending`.
-        unsafe { ring.reads.start(&mut starts) };
-        for start in starts.iter().filter(|s| !s.started) {
-            if let Some((request, _inside)) = pending.try_remove(start.tag as usize) {
-                rest.push(request);
-            }
-        }
-        rest
-    }
-
-    /// Answers ring READs as they end, until the readers stopped and none is in flight.
-    fn ring_completer(&self, ring: &RingLane<'a>) {
-        let _abort_on_panic = AbortOnPanic(self);
-        let mut ended = Vec::new();
-        loop {
-            if !ring.open.load(Ordering::SeqCst) && lock(&ring.pending).is_empty() {
-                return;
-            }
-            ended.clear();
-            if let Err(source) = ring.reads.wait(&mut ended) {
-                ring.broken.store(true, Ordering::SeqCst);
-                ring.open.store(false, Ordering::SeqCst);
-                self.record(ConnectionError::io(
-                    self.peer.to_owned(),
-                    "reading the cache device",
-                    source,
-                ));
-                self.abort();
-                return;
-            }
-            let mut requests = Vec::with_capacity(ended.len());
-            let mut outcomes = Vec::with_capacity(ended.len());
-            {
-                let mut pending = lock(&ring.pending);
-                for (tag, outcome) in ended.drain(..) {
-                    if let Some((request, _inside)) = pending.try_remove(tag as usize) {
-                        requests.push(request);
-                        outcomes.push(outcome);
-                    }
-                }
-            }
-            if requests.is_empty() {
-                continue;
-            }
-            if self.aborted.load(Ordering::SeqCst) {
-                continue;
-            }
-            if let Err(error) = self.send_replies(&requests, &outcomes) {
-                self.record(error);
-                self.abort();
-            }
-        }
-    }
-
     /// Serves a batch of fast READs (each with its buffer) with one call to the export and
     /// sends their replies in one writev. False when the replies could not be sent.
-    fn serve_read_batch(&self, mut requests: Vec<Request<'a>>) -> bool {
+    fn serve_reads(&self, mut requests: Vec<Request<'a>>) -> bool {
         let outcomes = self.read_batch(&mut requests);
         for (request, outcome) in requests.iter().zip(&outcomes) {
             if let Err(errno) = outcome {

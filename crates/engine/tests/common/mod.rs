@@ -3,7 +3,6 @@
 #![allow(dead_code)] // each test file uses a different part
 
 pub mod failing;
-pub mod file_cache;
 
 use std::sync::Arc;
 
