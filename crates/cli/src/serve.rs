@@ -11,11 +11,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ssdcache_device::{BlockDevice, FileDevice};
 use ssdcache_devsim::hdd::{HddDevice, HddParams};
-use ssdcache_engine::{BatchRead, Cache, CleanerConfig, EngineError, Volume};
+use ssdcache_engine::{BatchRead, Cache, CleanerConfig, EngineError, RingHit, RingHits, Volume};
 use ssdcache_format::{CacheState, Superblock};
 use ssdcache_nbd::{
-    transmission_flags, BatchedRead, Command, Errno, Export, ExportInfo, Lane, Server,
-    ServerConfig, ServerError, ServerExport,
+    transmission_flags, BatchedRead, Command, Errno, Export, ExportInfo, Lane, RingReads,
+    RingStart, Server, ServerConfig, ServerError, ServerExport,
 };
 use ssdcache_trace::record::{RecordConfig, Recorder, VolumeRecorder, MIN_MAX_BYTES};
 use ssdcache_trace::Op;
@@ -482,6 +482,11 @@ impl Export for VolumeExport {
             read.result = result.map_err(errno);
         }
     }
+    /// Whole hits have their cache-device reads in flight while the connection reads on.
+    fn ring_reads(&self) -> Option<Box<dyn RingReads + '_>> {
+        let hits = self.volume.ring_hits()?;
+        Some(Box::new(VolumeRingReads { export: self, hits }))
+    }
     /// Cache hits, and writes in write-back, run on the NBD connection's fast lane: they
     /// never wait for a worker stuck on the backing device.
     fn lane(&self, command: Command, offset: u64, length: u64) -> Lane {
@@ -498,6 +503,48 @@ impl Export for VolumeExport {
         } else {
             Lane::Slow
         }
+    }
+}
+
+/// One connection's hits through io_uring ([`Export::ring_reads`]).
+struct VolumeRingReads<'e> {
+    export: &'e VolumeExport,
+    hits: RingHits<'e>,
+}
+
+impl RingReads for VolumeRingReads<'_> {
+    unsafe fn start(&self, reads: &mut [RingStart]) {
+        let mut hits: Vec<RingHit> = reads
+            .iter()
+            .map(|r| RingHit {
+                tag: r.tag,
+                offset: r.offset,
+                buf: r.buf,
+                len: r.len,
+                started: false,
+            })
+            .collect();
+        // SAFETY: the caller's promise for `reads` is the one `start` asks for.
+        unsafe { self.hits.start(&mut hits) };
+        for (read, hit) in reads.iter_mut().zip(&hits) {
+            read.started = hit.started;
+        }
+    }
+    /// Recorded as they end when served (requests in flight together have no order); one
+    /// not served is recorded when the connection reads it again with `Export::read`.
+    fn wait(&self, ended: &mut Vec<(u64, bool)>) -> std::io::Result<()> {
+        let mut hits = Vec::new();
+        self.hits.wait(&mut hits).map_err(|broken| broken.0)?;
+        for hit in hits {
+            if hit.served {
+                self.export.record(Op::Read, hit.offset, hit.len as u64);
+            }
+            ended.push((hit.tag, hit.served));
+        }
+        Ok(())
+    }
+    fn wake(&self) {
+        self.hits.wake();
     }
 }
 

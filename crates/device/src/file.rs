@@ -199,6 +199,10 @@ impl BlockDevice for FileDevice {
             self.read_at(buf, offset)
         });
     }
+
+    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        Some(self.file.as_raw_fd())
+    }
 }
 
 #[cfg(test)]

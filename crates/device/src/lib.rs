@@ -6,6 +6,7 @@
 mod aligned;
 mod file;
 pub mod identity;
+pub mod read_ring;
 mod rng;
 pub mod uring;
 
@@ -38,6 +39,12 @@ pub trait BlockDevice: Send + Sync {
         for read in reads {
             read.result = self.read_at(read.buf, read.offset);
         }
+    }
+    /// The file descriptor a [`read_ring::ReadRing`] may read this device's data through,
+    /// with the same bytes as [`BlockDevice::read_at`] (offsets equal). `None` (the default)
+    /// where reads must go through `read_at`: memory and simulated devices, wrappers.
+    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        None
     }
 }
 

@@ -31,4 +31,7 @@ pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
 pub use error::{EngineError, Result};
 pub use map::{dirty_limit_lines, DEFAULT_DIRTY_LIMIT};
 pub use superblock::{read_superblock, write_superblock};
-pub use volume::{BatchRead, HitPlan, Volume, VolumeState, VolumeStats, CACHE_ERROR_LIMIT};
+pub use volume::{
+    BatchRead, HitPlan, RingEnd, RingHit, RingHits, Volume, VolumeState, VolumeStats,
+    CACHE_ERROR_LIMIT,
+};

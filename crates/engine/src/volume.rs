@@ -19,7 +19,9 @@ use crate::sync::atomic::{AtomicU8, Ordering};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 
 mod batch;
+mod ring_hits;
 pub use batch::{BatchRead, HitPlan};
+pub use ring_hits::{RingEnd, RingHit, RingHits};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
 #[derive(Clone, Copy)]

@@ -91,6 +91,17 @@ impl std::ops::DerefMut for Lease<'_> {
     }
 }
 
+impl Lease<'_> {
+    /// Ends the lease without freeing its memory, which something outside Rust may still
+    /// write (a read the kernel was given and may not have finished): the buffer is leaked,
+    /// and no longer counted against the server's or the connection's limit.
+    pub(crate) fn leak(mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.pool.forget(self.connection, buf);
+        }
+    }
+}
+
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
@@ -257,6 +268,17 @@ impl BufferPool {
         self.notify_waiters(&state);
         drop(state);
         drop(freed);
+    }
+
+    /// [`Lease::leak`]: uncounts `buf` and never frees it.
+    fn forget(&self, connection: &ConnectionMemory, buf: AlignedBuf) {
+        let size = buf.capacity();
+        let mut state = lock(&self.state);
+        connection.in_use.fetch_sub(size, Ordering::Relaxed);
+        state.charged -= size;
+        self.notify_waiters(&state);
+        drop(state);
+        std::mem::forget(buf);
     }
 
     fn notify_waiters(&self, state: &PoolState) {

@@ -12,6 +12,9 @@
 //!   slow queue, and the worker goes back to reading.
 //! * Slow workers (`threads_per_connection`, started when a queued request finds none idle)
 //!   take requests from the queue in order, run them and answer.
+//! * If the export has [`Export::ring_reads`](crate::Export::ring_reads), a completion thread:
+//!   a fast worker starts the READs of its batch that the export can end there and goes back
+//!   to reading; the completion thread answers each as it ends ([`RingLane`]).
 //!
 //! Replies go out in completion order, one whole reply at a time under the writer lock. The
 //! slow queue holds at most [`SLOW_LANE_QUEUE`] requests; while it is full, a fast worker
@@ -26,7 +29,7 @@ use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, IoSlice, Read};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, Scope};
 use std::time::{Duration, Instant};
 
@@ -39,13 +42,17 @@ use crate::proto::{
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
 use crate::server::{
-    lock, BatchedRead, Lane, NbdStream, Registration, ServerExport, Shared, DATALESS_CHUNK_BYTES,
-    MAX_READ_BATCH, SLOW_LANE_QUEUE,
+    lock, BatchedRead, InBackend, Lane, NbdStream, Registration, RingReads, RingStart,
+    ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
 /// (and small writes) per syscall.
 const READ_BUFFER_BYTES: usize = 256 * 1024;
+
+/// How long a connection that ends with reads still in its ring waits for them to end
+/// without any ending before it leaks their buffers instead ([`RingLane`]'s drop).
+const RING_DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 /// How often a fast worker waiting for room in the slow queue checks whether the server
 /// closes every connection (which wakes no condition variable of the connection).
@@ -185,6 +192,14 @@ fn transmit<S: NbdStream>(
         first_error: Mutex::new(None),
         memory: &memory,
         slow: SlowLane::new(config.threads_per_connection),
+        ring: export.backend.ring_reads().map(|reads| RingLane {
+            reads,
+            pending: Mutex::new(slab::Slab::new()),
+            open: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            replies: Mutex::new(RingReplies::default()),
+            replies_ready: Condvar::new(),
+        }),
         export,
         max_payload: config.max_request.min(export.info.max_block),
         shared,
@@ -509,7 +524,25 @@ impl<'a> SlowLane<'a> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        if state.closed || state.queue.len() >= SLOW_LANE_QUEUE {
+        let full = state.queue.len() >= SLOW_LANE_QUEUE;
+        self.enqueue(state, request, full)
+    }
+
+    /// Queues `request` at once, even past [`SLOW_LANE_QUEUE`] (for the completion thread,
+    /// which must never wait: bounded by the ring's reads in flight).
+    fn push_now(&self, request: Request<'a>) -> Queued {
+        let state = lock(&self.state);
+        self.enqueue(state, request, false)
+    }
+
+    /// Queues `request` unless the lane is closed or `refuse` (then drops it unanswered).
+    fn enqueue(
+        &self,
+        mut state: MutexGuard<'_, SlowState<'a>>,
+        request: Request<'a>,
+        refuse: bool,
+    ) -> Queued {
+        if state.closed || refuse {
             // Its lease goes back to the pool outside the lane's lock.
             drop(state);
             drop(request);
@@ -581,6 +614,81 @@ impl<'a> SlowLane<'a> {
     }
 }
 
+/// READs whose cache-device reads are in flight while the connection reads on
+/// ([`crate::Export::ring_reads`]), and what ends them.
+struct RingLane<'a> {
+    /// Declared first, so it drops first: its drop waits for every read still in flight,
+    /// before the buffers in `pending` are freed.
+    reads: Box<dyn RingReads + 'a>,
+    /// The requests started, by tag, each counted inside the backend until it ends.
+    pending: Mutex<slab::Slab<(Request<'a>, InBackend<'a>)>>,
+    /// Reads may start: the completion thread runs and the readers have not stopped. Once
+    /// it is false again the completion thread ends as soon as `pending` is empty.
+    open: AtomicBool,
+    /// `wait` failed: reads may never end, so the buffers in `pending` are leaked.
+    broken: AtomicBool,
+    /// Served READs whose replies wait for the ring's sender thread: the completion thread
+    /// hands them over and reaps on, so a client that stops reading its replies never keeps
+    /// ring hits (and their lines) from being reaped (review 31 F3). Bounded by request
+    /// memory: each holds its buffer.
+    replies: Mutex<RingReplies<'a>>,
+    replies_ready: Condvar,
+}
+
+#[derive(Default)]
+struct RingReplies<'a> {
+    requests: Vec<Request<'a>>,
+    /// The completion thread ended: the sender sends what is left and stops.
+    done: bool,
+}
+
+/// Tells the ring's sender that the completion thread ended, however it ended.
+struct RepliesDone<'r, 'a>(&'r RingLane<'a>);
+
+impl Drop for RepliesDone<'_, '_> {
+    fn drop(&mut self) {
+        lock(&self.0.replies).done = true;
+        self.0.replies_ready.notify_all();
+    }
+}
+
+impl Drop for RingLane<'_> {
+    /// Ends every read still in the ring before the buffers in `pending` are freed, whatever
+    /// became of the completion thread (review 31 F6: it may have panicked, or never run);
+    /// their requests go unanswered (the connection is over). If the ring failed, or gives
+    /// nothing back for [`RING_DRAIN_LIMIT`], the buffers are leaked instead: the kernel may
+    /// still write into them. Only the buffers: the requests' backend counts and request
+    /// memory are given back (review 31 F4: leaking them left a later stop waiting for
+    /// requests that no longer existed, and new requests without memory).
+    fn drop(&mut self) {
+        let pending = self
+            .pending
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut ended = Vec::new();
+        let mut last_progress = Instant::now();
+        while !pending.is_empty() && !*self.broken.get_mut() {
+            if last_progress.elapsed() > RING_DRAIN_LIMIT || self.reads.wait(&mut ended).is_err() {
+                *self.broken.get_mut() = true;
+                break;
+            }
+            if !ended.is_empty() {
+                last_progress = Instant::now();
+            }
+            for (tag, _) in ended.drain(..) {
+                pending.try_remove(tag as usize);
+            }
+        }
+        if *self.broken.get_mut() {
+            for (mut request, _inside) in pending.drain() {
+                if let Some(lease) = request.buffer.take() {
+                    lease.leak();
+                }
+            }
+        }
+    }
+}
+
 /// State shared by the workers of one connection in transmission.
 struct Connection<'a, S: NbdStream> {
     input: Mutex<Input<S>>,
@@ -599,6 +707,8 @@ struct Connection<'a, S: NbdStream> {
     memory: &'a ConnectionMemory,
     /// Requests that may wait for the slow device, and their workers.
     slow: SlowLane<'a>,
+    /// Fast READs in flight without a worker, if the export has them.
+    ring: Option<RingLane<'a>>,
     export: &'a ServerExport,
     max_payload: u32,
     shared: &'a Shared,
@@ -610,6 +720,31 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// start until all have stopped; returns the first error any of them hit.
     fn run_workers(&self, fast_threads: usize) -> Result<(), ConnectionError> {
         thread::scope(|scope| {
+            let completer = self.ring.as_ref().and_then(|ring| {
+                let sender = thread::Builder::new()
+                    .name("nbd-ring-sender".into())
+                    .spawn_scoped(scope, move || self.ring_sender(ring))
+                    .inspect_err(
+                        |error| warn!(peer = %self.peer, %error, "serving every read on workers"),
+                    )
+                    .ok()?;
+                ring.open.store(true, Ordering::SeqCst);
+                let spawned = thread::Builder::new()
+                    .name("nbd-completer".into())
+                    .spawn_scoped(scope, move || self.ring_completer(ring, scope));
+                if spawned.is_err() {
+                    // The sender stops: nothing will hand it a reply.
+                    RepliesDone(ring);
+                }
+                drop(sender);
+                spawned
+                    .inspect_err(|error| {
+                        ring.open.store(false, Ordering::SeqCst);
+                        warn!(peer = %self.peer, %error, "serving every read on workers");
+                    })
+                    .ok()
+                    .map(|handle| (ring, handle))
+            });
             let mut helpers = Vec::with_capacity(fast_threads.saturating_sub(1));
             for _ in 1..fast_threads {
                 let spawned = thread::Builder::new()
@@ -623,8 +758,16 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                     }
                 }
             }
+            let _stop_ring = StopRingOnUnwind(completer.as_ref().map(|(ring, _)| *ring));
             self.fast_worker(scope);
-            let panics: Vec<_> = helpers.into_iter().filter_map(|h| h.join().err()).collect();
+            let mut panics: Vec<_> = helpers.into_iter().filter_map(|h| h.join().err()).collect();
+            if let Some((ring, handle)) = completer {
+                // No READ starts any more: the completion thread answers those in flight
+                // and stops.
+                ring.open.store(false, Ordering::SeqCst);
+                ring.reads.wake();
+                panics.extend(handle.join().err());
+            }
             // Nothing is read any more: the slow workers finish the queue and stop (the
             // scope waits for them).
             self.slow.close();
@@ -762,9 +905,171 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         }
     }
 
+    /// Serves a batch of fast READs (each with its buffer): those the export can end on the
+    /// completion thread are started there; the others with one call to the export, their
+    /// replies sent in one writev. False when the replies could not be sent.
+    fn serve_reads(&self, requests: Vec<Request<'a>>) -> bool {
+        let requests = match &self.ring {
+            Some(ring) if ring.open.load(Ordering::SeqCst) => self.start_ring_reads(ring, requests),
+            _ => requests,
+        };
+        if requests.is_empty() {
+            return true;
+        }
+        self.serve_read_batch(requests)
+    }
+
+    /// Starts what it can of `requests` on the ring; gives back the others.
+    fn start_ring_reads(
+        &self,
+        ring: &RingLane<'a>,
+        requests: Vec<Request<'a>>,
+    ) -> Vec<Request<'a>> {
+        let mut rest = Vec::new();
+        let mut starts = Vec::with_capacity(requests.len());
+        let mut pending = lock(&ring.pending);
+        for mut request in requests {
+            let inside = match self.shared.enter_backend() {
+                Ok(inside) => inside,
+                Err(_) => {
+                    rest.push(request);
+                    continue;
+                }
+            };
+            let offset = request.header.offset;
+            let Some(buf) = request.buffer.as_deref_mut() else {
+                rest.push(request);
+                continue;
+            };
+            let (buf, len) = (buf.as_mut_ptr(), buf.len());
+            let tag = pending.insert((request, inside)) as u64;
+            starts.push(RingStart {
+                tag,
+                offset,
+                buf,
+                len,
+                started: false,
+            });
+        }
+        // SAFETY: each buffer belongs to its request, which stays in `pending` untouched until
+        // the completion thread takes it out after `wait` reported its tag; if `wait` fails,
+        // `pending` is leaked (RingLane's drop), and the ring is dropped before `pending`.
+        unsafe { ring.reads.start(&mut starts) };
+        for start in starts.iter().filter(|s| !s.started) {
+            if let Some((request, _inside)) = pending.try_remove(start.tag as usize) {
+                rest.push(request);
+            }
+        }
+        rest
+    }
+
+    /// Answers ring READs as they end, until the readers stopped and none is in flight.
+    fn ring_completer<'scope>(&'scope self, ring: &RingLane<'a>, scope: &'scope Scope<'scope, '_>) {
+        let _abort_on_panic = AbortOnPanic(self);
+        let _replies_done = RepliesDone(ring);
+        let mut ended = Vec::new();
+        loop {
+            if !ring.open.load(Ordering::SeqCst) && lock(&ring.pending).is_empty() {
+                return;
+            }
+            ended.clear();
+            if let Err(source) = ring.reads.wait(&mut ended) {
+                ring.broken.store(true, Ordering::SeqCst);
+                ring.open.store(false, Ordering::SeqCst);
+                self.record(ConnectionError::io(
+                    self.peer.to_owned(),
+                    "reading the cache device",
+                    source,
+                ));
+                self.abort();
+                return;
+            }
+            let mut served = Vec::with_capacity(ended.len());
+            let mut again = Vec::new();
+            {
+                let mut pending = lock(&ring.pending);
+                for &(tag, was_served) in &ended {
+                    if let Some((request, _inside)) = pending.try_remove(tag as usize) {
+                        if was_served {
+                            served.push(request);
+                        } else {
+                            again.push(request);
+                        }
+                    }
+                }
+            }
+            for request in again {
+                self.read_again_off_ring(request, scope);
+            }
+            if served.is_empty() {
+                continue;
+            }
+            lock(&ring.replies).requests.append(&mut served);
+            ring.replies_ready.notify_one();
+        }
+    }
+
+    /// Sends the replies of served ring READs, as the completion thread hands them over,
+    /// until it ended and none is left.
+    fn ring_sender(&self, ring: &RingLane<'a>) {
+        let _abort_on_panic = AbortOnPanic(self);
+        loop {
+            let requests = {
+                let mut replies = lock(&ring.replies);
+                while replies.requests.is_empty() && !replies.done {
+                    replies = ring
+                        .replies_ready
+                        .wait(replies)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                if replies.requests.is_empty() {
+                    return;
+                }
+                std::mem::take(&mut replies.requests)
+            };
+            if self.aborted.load(Ordering::SeqCst) {
+                continue;
+            }
+            // At most MAX_READ_BATCH replies per call, as the workers send: each call has one
+            // I/O-timeout deadline for all it writes, so a backlog sent in one call cut off a
+            // client that reads steadily but not that fast (review 32).
+            for chunk in requests.chunks(MAX_READ_BATCH) {
+                let outcomes = vec![Ok(()); chunk.len()];
+                if let Err(error) = self.send_replies(chunk, &outcomes) {
+                    self.record(error);
+                    self.abort();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A ring READ that ended unserved (a failed device read, a checksum mismatch) goes to
+    /// the slow lane, whose worker reads it with [`crate::Export::read`]. Never on the
+    /// completion thread, which must not wait for lines that ring hits in flight hold until
+    /// it reaps them (review 31), and never waiting for room: the slow queue may exceed its
+    /// bound by at most the ring's reads in flight.
+    fn read_again_off_ring<'scope>(
+        &'scope self,
+        request: Request<'a>,
+        scope: &'scope Scope<'scope, '_>,
+    ) {
+        if let Queued::NeedsWorker = self.slow.push_now(request) {
+            let spawned = thread::Builder::new()
+                .name("nbd-slow-worker".into())
+                .spawn_scoped(scope, || self.slow_worker());
+            if let Err(error) = spawned {
+                // Left queued: the next slow request a fast worker queues starts a worker
+                // or serves the queue itself.
+                warn!(peer = %self.peer, %error, "cannot start a slow-lane worker thread");
+                self.slow.worker_not_started();
+            }
+        }
+    }
+
     /// Serves a batch of fast READs (each with its buffer) with one call to the export and
     /// sends their replies in one writev. False when the replies could not be sent.
-    fn serve_reads(&self, mut requests: Vec<Request<'a>>) -> bool {
+    fn serve_read_batch(&self, mut requests: Vec<Request<'a>>) -> bool {
         let outcomes = self.read_batch(&mut requests);
         for (request, outcome) in requests.iter().zip(&outcomes) {
             if let Err(errno) = outcome {
@@ -1198,6 +1503,20 @@ impl<'a, S: NbdStream> Connection<'a, S> {
 /// If a backend call panics, the other workers would otherwise stay blocked
 /// reading from a client that is still connected; closing the socket ends
 /// them so the panic can propagate and the connection is released.
+/// Tells the completion thread to stop once its reads are answered if the connection's own
+/// thread unwinds (review 31 F2: it went on waiting for reads, and the connection's scope for
+/// it, forever). The normal path tells it after the other fast workers stopped.
+struct StopRingOnUnwind<'r, 'a>(Option<&'r RingLane<'a>>);
+
+impl Drop for StopRingOnUnwind<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(ring) = self.0.filter(|_| thread::panicking()) {
+            ring.open.store(false, Ordering::SeqCst);
+            ring.reads.wake();
+        }
+    }
+}
+
 struct AbortOnPanic<'c, 'a, S: NbdStream>(&'c Connection<'a, S>);
 
 impl<S: NbdStream> Drop for AbortOnPanic<'_, '_, S> {

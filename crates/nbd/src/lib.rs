@@ -58,6 +58,6 @@ pub use connection::ConnectionError;
 pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome};
 pub use proto::{transmission_flags, Command, Errno, ProtocolError, RequestHeader};
 pub use server::{
-    BatchedRead, Export, Lane, NbdStream, Server, ServerConfig, ServerError, ServerExport,
-    DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
+    BatchedRead, Export, Lane, NbdStream, RingReads, RingStart, Server, ServerConfig, ServerError,
+    ServerExport, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };

@@ -72,6 +72,43 @@ pub trait Export: Send + Sync {
             read.result = self.read(read.offset, read.buf);
         }
     }
+
+    /// READs that complete on another thread, for one connection (docs/design.md §6.1, "Hits
+    /// without waiting"): the thread that reads requests starts those the export can serve
+    /// from a fast device and goes back to reading; the connection's completion thread
+    /// answers each as it ends. `None` (the default): every READ runs on a worker.
+    fn ring_reads(&self) -> Option<Box<dyn RingReads + '_>> {
+        None
+    }
+}
+
+/// READs started on one thread and ended on another ([`Export::ring_reads`]).
+pub trait RingReads: Send + Sync {
+    /// Starts each read of `reads` the export can serve this way now, marking it `started`;
+    /// the connection serves the others with [`Export::read`] or [`Export::read_many`].
+    ///
+    /// # Safety
+    /// The buffer of every started read must stay valid, and unread and unwritten by anyone
+    /// else, until [`RingReads::wait`] reported its tag, or forever once `wait` failed.
+    unsafe fn start(&self, reads: &mut [RingStart]);
+    /// Waits until at least one started read ended (or [`RingReads::wake`]) and appends each
+    /// that ended as (tag, served). Not served: the connection serves the read again with
+    /// [`Export::read`], on another thread than the one waiting here (the export's read may
+    /// wait for what only `wait` lets go). One thread waits at a time. An error means started
+    /// reads may never end: their buffers must be leaked.
+    fn wait(&self, ended: &mut Vec<(u64, bool)>) -> io::Result<()>;
+    /// Makes a thread in `wait` return.
+    fn wake(&self);
+}
+
+/// One READ for [`RingReads::start`]: `len` bytes at `offset` into `buf` (4096-aligned).
+#[derive(Debug, Clone, Copy)]
+pub struct RingStart {
+    pub tag: u64,
+    pub offset: u64,
+    pub buf: *mut u8,
+    pub len: usize,
+    pub started: bool,
 }
 
 /// One READ of a batch ([`Export::read_many`]).

@@ -44,7 +44,7 @@ impl<'b> BatchRead<'b> {
 /// checksums its sectors must match. Dropping it releases the lines.
 pub struct HitPlan<'v> {
     _lines: RangeGuard<'v>,
-    offset: u64,
+    pub(super) offset: u64,
     length: u64,
     /// Inline for a request of up to two lines (every 4 KiB hit): nothing allocated.
     segments: SmallVec<[PlannedSegment; 2]>,

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test file uses a different part
 
 pub mod failing;
+pub mod file_cache;
 
 use std::sync::Arc;
 
