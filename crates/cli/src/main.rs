@@ -20,6 +20,7 @@ mod size;
 mod tuning;
 mod usage;
 pub use usage::{as_usage_error, error_text, usage_error, UsageError};
+mod watch;
 mod writeback;
 
 use std::path::PathBuf;

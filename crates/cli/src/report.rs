@@ -34,8 +34,17 @@ pub struct StatsArgs {
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Print JSON instead of text
-    #[arg(long)]
+    #[arg(long, conflicts_with = "watch")]
     json: bool,
+    /// Redraw the running daemon's statistics every SECONDS (default 2, from 0.2 to 3600)
+    /// until Ctrl-C, with per-volume request and byte rates and read hit ratios over the last
+    /// interval, the last 5 minutes and the last hour (counted from when the watch started).
+    /// Needs a running daemon.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+    watch: Option<f64>,
+    /// With --watch: stop after N screens (for scripts; default: until interrupted)
+    #[arg(long, value_name = "N", requires = "watch")]
+    count: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -160,6 +169,9 @@ pub fn live_stats(
 }
 
 pub fn stats(args: StatsArgs) -> Result<()> {
+    if let Some(seconds) = args.watch {
+        return watch(&args, seconds);
+    }
     let report = match (&args.control, &args.cache) {
         (Some(ctl), _) => live_stats_from(ctl)?.ok_or_else(|| {
             anyhow::anyhow!(
@@ -181,7 +193,33 @@ pub fn stats(args: StatsArgs) -> Result<()> {
     Ok(())
 }
 
-fn live_stats_from(control_path: &Path) -> Result<Option<StatsReport>> {
+/// `stats --watch`: finds the daemon's control socket, then hands over to [`crate::watch`].
+fn watch(args: &StatsArgs, seconds: f64) -> Result<()> {
+    use crate::watch::{MAX_INTERVAL, MIN_INTERVAL};
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&seconds) {
+        return Err(crate::usage_error(format!(
+            "--watch {seconds}: the interval must be from {MIN_INTERVAL} to {MAX_INTERVAL} seconds"
+        )));
+    }
+    if args.count == Some(0) {
+        return Err(crate::usage_error("--count 0: give at least 1 screen"));
+    }
+    let control = match (&args.control, &args.cache) {
+        (Some(ctl), _) => ctl.clone(),
+        (None, Some(cache)) => {
+            let (_dev, read) = read_cache(cache)?;
+            control::default_path(&read.superblock.cache_uuid)
+        }
+        (None, None) => return Err(crate::usage_error("give --cache PATH or --control PATH")),
+    };
+    crate::watch::run(
+        &control,
+        std::time::Duration::from_secs_f64(seconds),
+        args.count,
+    )
+}
+
+pub(crate) fn live_stats_from(control_path: &Path) -> Result<Option<StatsReport>> {
     control::query(control_path, "stats")?
         .map(|v| serde_json::from_value(v).context("daemon sent stats in an unknown shape"))
         .transpose()
