@@ -5,6 +5,7 @@
 //! socket = "/run/ssdcache/sdb.sock" # Unix socket for NBD clients (mode 0600)
 //! listen = "127.0.0.1:10809"        # also serve NBD over TCP (no TLS yet: loopback only)
 //! control = "/run/ssdcache/ctl.sock" # control socket for stats/info
+//! metrics = "127.0.0.1:9871"       # Prometheus metrics at http://ADDR/metrics
 //! threads = 32                       # slow-lane worker threads per NBD connection
 //! read_only = false                  # export every volume read-only
 //! writeback_high = 50                # write-back: clean every dirty line above 50% dirty lines
@@ -53,6 +54,7 @@ pub struct FileConfig {
     pub socket: Option<PathBuf>,
     pub listen: Option<String>,
     pub control: Option<PathBuf>,
+    pub metrics: Option<String>,
     pub threads: Option<usize>,
     pub read_only: Option<bool>,
     pub writeback_high: Option<f64>,

@@ -9,6 +9,7 @@ mod devices;
 mod generate;
 mod hdd_emulator;
 #[cfg(feature = "simulator")]
+mod metrics;
 mod mrc;
 mod notify;
 mod report;

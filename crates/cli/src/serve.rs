@@ -50,6 +50,13 @@ pub struct ServeArgs {
     /// Control socket for `stats` and `info` [default: /run/ssdcache/CACHE-UUID.ctl as root]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// Serve Prometheus metrics (OpenMetrics text) at http://ADDR/metrics: per volume
+    /// requests, hits and misses, bytes by device, bypass reasons, occupancy, dirty data,
+    /// write-back and errors (docs/operations.md lists them). Given without ADDR:
+    /// 127.0.0.1:9871. Any other address than loopback is logged as a warning: the
+    /// endpoint has no authentication
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::metrics::DEFAULT_ADDR)]
+    metrics: Option<String>,
     /// Export every volume read-only
     #[arg(long)]
     read_only: bool,
@@ -152,6 +159,8 @@ struct Settings {
     socket: Option<PathBuf>,
     listen: Option<String>,
     control: Option<PathBuf>,
+    /// `--metrics`: the Prometheus endpoint's address.
+    metrics: Option<String>,
     read_only: bool,
     backing: BTreeMap<String, PathBuf>,
     emulate_hdd: bool,
@@ -238,6 +247,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         socket: args.socket.or(file.socket),
         listen: args.listen.or(file.listen),
         control: args.control.or(file.control),
+        metrics: args.metrics.or(file.metrics),
         read_only: args.read_only || file.read_only.unwrap_or(false),
         backing,
         emulate_hdd: args.emulate_hdd,
@@ -685,6 +695,7 @@ fn serve(
         nbd,
         tcp,
         control,
+        metrics,
         files: _socket_files,
     } = Endpoints::bind(s, &sb)?;
     let backings = open_backings_to_serve(s, &*dev, &sb)?;
@@ -703,7 +714,14 @@ fn serve(
             return Err(close_after_failed_start(&cache, None, e));
         }
     };
-    if let Err(e) = start_serving(s, &cache, &server, (nbd, tcp, control), stops, &recorder) {
+    if let Err(e) = start_serving(
+        s,
+        &cache,
+        &server,
+        (nbd, tcp, control, metrics),
+        stops,
+        &recorder,
+    ) {
         return Err(close_after_failed_start(&cache, Some(&server), e));
     }
     manager.ready(&serving_status(&cache));
@@ -739,11 +757,19 @@ fn start_serving(
     s: &Settings,
     cache: &Arc<Cache>,
     server: &Arc<Server>,
-    (nbd, tcp, control): (UnixListener, Option<TcpListener>, UnixListener),
+    (nbd, tcp, control, metrics): (
+        UnixListener,
+        Option<TcpListener>,
+        UnixListener,
+        Option<TcpListener>,
+    ),
     stops: &StopEvents,
     recorder: &Option<Arc<Recorder>>,
 ) -> Result<()> {
     control::spawn(control, cache.clone(), s.cache.clone(), recorder.clone())?;
+    if let Some(metrics) = metrics {
+        crate::metrics::spawn(metrics, cache.clone())?;
+    }
     for v in cache.volumes() {
         tracing::info!(
             "serving volume '{}' ({}, {}) as NBD export '{}'",
@@ -795,6 +821,7 @@ struct Endpoints {
     nbd: UnixListener,
     tcp: Option<TcpListener>,
     control: UnixListener,
+    metrics: Option<TcpListener>,
     files: SocketFiles,
 }
 
@@ -823,6 +850,7 @@ impl Endpoints {
         };
         files.0.push(nbd.1.clone());
         let tcp = s.listen.as_deref().map(listen_tcp).transpose()?;
+        let metrics = s.metrics.as_deref().map(crate::metrics::bind).transpose()?;
         let default_control = control::default_path(&sb.cache_uuid);
         let control = match &s.control {
             Some(path) => (control::bind(path)?, path.clone()),
@@ -837,18 +865,23 @@ impl Endpoints {
             files.0.push(control::link(&control.1, &default_control)?);
         }
         tracing::info!(
-            "listening on unix:{}{}; control socket {}",
+            "listening on unix:{}{}; control socket {}{}",
             nbd.1.display(),
             s.listen
                 .as_deref()
                 .map(|a| format!(" and tcp:{a}"))
                 .unwrap_or_default(),
-            control.1.display()
+            control.1.display(),
+            s.metrics
+                .as_deref()
+                .map(|a| format!("; metrics at http://{a}/metrics"))
+                .unwrap_or_default()
         );
         Ok(Endpoints {
             nbd: nbd.0,
             tcp,
             control: control.0,
+            metrics,
             files,
         })
     }

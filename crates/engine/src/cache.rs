@@ -54,6 +54,8 @@ pub(crate) struct CacheCore {
     /// Hits read it (`map_read`) and record their uses aside (`touches`); everything that
     /// changes it writes.
     map: MapLock<MapState>,
+    /// The map's per-volume occupancy figures, read without its lock (statistics, metrics).
+    pub occupancy: Arc<crate::map::Occupancies>,
     touches: TouchLog,
     pub locks: LineLocks,
     /// The commit protocol's state: the journal, the committer's requests and the superblock
@@ -703,6 +705,7 @@ impl Cache {
         let core = Arc::new(CacheCore {
             dev,
             layout,
+            occupancy: map.occupancies(),
             map: MapLock::new(map),
             touches: TouchLog::new(),
             locks: LineLocks::new(),

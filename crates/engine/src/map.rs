@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use crate::checksums::{ChecksumPages, Installed, PageContent, PageRead};
 use crate::locks::{line_key, LineKey, LineLocks};
@@ -117,11 +119,38 @@ pub struct MapState {
     /// Most dirty lines: past it, a write-back write to a line without dirty data goes to the
     /// backing device (`may_dirty_another_line`), so clean lines stay available.
     dirty_limit: u32,
-    /// Lines, valid sectors and dirty sectors held per volume, for statistics.
-    lines_used: [u64; MAX_VOLUMES],
-    sectors_valid: [u64; MAX_VOLUMES],
-    sectors_dirty: [u64; MAX_VOLUMES],
-    lines_dirty: [u64; MAX_VOLUMES],
+    /// Lines, valid sectors and dirty sectors held per volume, for statistics: changed only
+    /// under the map's write lock, read without any lock (`stats`, metrics).
+    occupancy: Arc<Occupancies>,
+}
+
+/// Per-volume occupancy figures. Each changes only under the map's write lock; readers load
+/// them without it (relaxed: a statistic may lag a request in flight, never a lock taken).
+#[derive(Default)]
+pub struct Occupancies {
+    lines_used: [AtomicU64; MAX_VOLUMES],
+    sectors_valid: [AtomicU64; MAX_VOLUMES],
+    sectors_dirty: [AtomicU64; MAX_VOLUMES],
+    lines_dirty: [AtomicU64; MAX_VOLUMES],
+}
+
+impl Occupancies {
+    /// Lines, valid sectors, dirty lines and dirty sectors of a volume.
+    pub fn of(&self, volume: u16) -> Occupancy {
+        let v = usize::from(volume);
+        Occupancy {
+            lines: self.lines_used[v].load(Relaxed),
+            sectors: self.sectors_valid[v].load(Relaxed),
+            dirty_lines: self.lines_dirty[v].load(Relaxed),
+            dirty_sectors: self.sectors_dirty[v].load(Relaxed),
+        }
+    }
+}
+
+/// `counter += new - old` for a figure of [`Occupancies`]: added first, so it never wraps.
+fn replace_count(counter: &AtomicU64, old: u64, new: u64) {
+    counter.fetch_add(new, Relaxed);
+    counter.fetch_sub(old, Relaxed);
 }
 
 /// The share of the cache's lines that may be dirty unless set otherwise
@@ -307,10 +336,7 @@ impl MapState {
             is_changed: vec![false; n],
             pending_free: Vec::new(),
             dirty_limit: dirty_limit_lines(line_count, DEFAULT_DIRTY_LIMIT),
-            lines_used: [0; MAX_VOLUMES],
-            sectors_valid: [0; MAX_VOLUMES],
-            sectors_dirty: [0; MAX_VOLUMES],
-            lines_dirty: [0; MAX_VOLUMES],
+            occupancy: Arc::new(Occupancies::default()),
         }
     }
 
@@ -334,10 +360,17 @@ impl MapState {
         })?;
         let (old_valid, old_dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
         let vol = usize::from(volume_of(key));
-        self.sectors_valid[vol] =
-            self.sectors_valid[vol] + u64::from(valid.count()) - u64::from(old_valid.count());
-        self.sectors_dirty[vol] =
-            self.sectors_dirty[vol] + u64::from(dirty.count()) - u64::from(old_dirty.count());
+        let o = &self.occupancy;
+        replace_count(
+            &o.sectors_valid[vol],
+            u64::from(old_valid.count()),
+            u64::from(valid.count()),
+        );
+        replace_count(
+            &o.sectors_dirty[vol],
+            u64::from(old_dirty.count()),
+            u64::from(dirty.count()),
+        );
         self.valid.set(slot, &valid);
         self.dirty.set(slot, &dirty);
         if old_dirty != dirty {
@@ -345,12 +378,12 @@ impl MapState {
             match (old_dirty.is_empty(), dirty.is_empty()) {
                 (true, false) => {
                     self.dirty_line_count += 1;
-                    self.lines_dirty[vol] += 1;
+                    self.occupancy.lines_dirty[vol].fetch_add(1, Relaxed);
                     self.dirty_since[slot as usize] = now;
                 }
                 (false, true) => {
                     self.dirty_line_count -= 1;
-                    self.lines_dirty[vol] -= 1;
+                    self.occupancy.lines_dirty[vol].fetch_sub(1, Relaxed);
                 }
                 _ => {}
             }
@@ -442,7 +475,7 @@ impl MapState {
         check(self.slots.occupy(slot, key), || {
             format!("slot {slot} handed out for reuse while in use")
         })?;
-        self.lines_used[usize::from(volume)] += 1;
+        self.occupancy.lines_used[usize::from(volume)].fetch_add(1, Relaxed);
         Ok(Some(slot))
     }
 
@@ -465,13 +498,14 @@ impl MapState {
         check(key != NO_KEY, || format!("free slot {slot} released again"))?;
         let vol = usize::from(volume_of(key));
         let (valid, dirty) = (self.valid_bits(slot), self.dirty_bits(slot));
-        self.sectors_valid[vol] -= u64::from(valid.count());
-        self.sectors_dirty[vol] -= u64::from(dirty.count());
+        let o = &self.occupancy;
+        o.sectors_valid[vol].fetch_sub(u64::from(valid.count()), Relaxed);
+        o.sectors_dirty[vol].fetch_sub(u64::from(dirty.count()), Relaxed);
         if !dirty.is_empty() {
             self.dirty_line_count -= 1;
-            self.lines_dirty[vol] -= 1;
+            o.lines_dirty[vol].fetch_sub(1, Relaxed);
         }
-        self.lines_used[vol] -= 1;
+        o.lines_used[vol].fetch_sub(1, Relaxed);
         self.slots.vacate(slot);
         self.valid.clear(slot);
         self.dirty.clear(slot);
@@ -1139,13 +1173,12 @@ impl MapState {
 
     /// Lines, valid sectors, dirty lines and dirty sectors of a volume.
     pub fn occupancy(&self, volume: u16) -> Occupancy {
-        let v = usize::from(volume);
-        Occupancy {
-            lines: self.lines_used[v],
-            sectors: self.sectors_valid[v],
-            dirty_lines: self.lines_dirty[v],
-            dirty_sectors: self.sectors_dirty[v],
-        }
+        self.occupancy.of(volume)
+    }
+
+    /// The occupancy figures, to read without the map's lock.
+    pub fn occupancies(&self) -> Arc<Occupancies> {
+        self.occupancy.clone()
     }
 
     pub fn used_lines(&self) -> usize {
@@ -1334,7 +1367,7 @@ impl MapState {
         if rec.valid.is_empty() || !self.slots.occupy(slot, key) {
             return Ok(());
         }
-        self.lines_used[usize::from(rec.volume)] += 1;
+        self.occupancy.lines_used[usize::from(rec.volume)].fetch_add(1, Relaxed);
         let (mut valid, mut dirty) = (rec.valid, rec.dirty);
         for s in self.sectors_per_line..256 {
             valid.set(s, false);

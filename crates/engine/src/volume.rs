@@ -342,7 +342,8 @@ impl Volume {
     }
 
     pub fn stats(&self) -> VolumeStats {
-        let o = self.core.map().occupancy(self.id);
+        // Without the map's lock: statistics and metrics never hold up a request.
+        let o = self.core.occupancy.of(self.id);
         VolumeStats {
             name: self.name.clone(),
             mode: self.mode(),
