@@ -70,6 +70,9 @@ sys.exit(0 if abs(want - a) < 1e-9 and abs(want - b) < 1e-9 else 1)
 PY
 assert_eq "$(printf '%.0f' "$got_dirty")" "$want_dirty" "dirty bytes in Prometheus against stats --json"
 assert_eq "$(printf '%.0f' "$got_hits")" "$want_hits" "read hits in Prometheus against stats --json"
+# The latency histogram counted the hits, as the hit counter did.
+hit_latencies=$(query 'ssdcache_request_duration_seconds_count{volume="vol0",kind="read",outcome="hit"}' | jq -r '.data.result[0].value[1]')
+assert_gt "$(printf '%.0f' "$hit_latencies")" 0 "read hits in the latency histogram"
 # A series over time, not one value: the dirty data rose during the workload.
 samples=$(query 'count_over_time(ssdcache_dirty_bytes{volume="vol0"}[1m])' | jq -r '.data.result[0].value[1]')
 assert_gt "$samples" 5 "samples of the dirty-data series"

@@ -154,9 +154,11 @@ impl Family {
         for (labels, value) in &self.rows {
             let mut metric = family.encode_family(labels)?;
             match self.kind {
-                MetricType::Counter => {
+                // Whole counts print as integers; sums of seconds keep their fraction.
+                MetricType::Counter if value.fract() == 0.0 => {
                     metric.encode_counter::<NoLabelSet, _, f64>(&(*value as u64), None)?
                 }
+                MetricType::Counter => metric.encode_counter::<NoLabelSet, _, f64>(value, None)?,
                 _ => metric.encode_gauge(value)?,
             }
         }
@@ -265,6 +267,32 @@ impl Collector for CacheCollector {
         let volumes: Vec<VolumeStats> = self.cache.volumes().iter().map(|v| v.stats()).collect();
         for family in families(&self.cache, &volumes) {
             family.encode(&mut encoder)?;
+        }
+        self.encode_latencies(&mut encoder)
+    }
+}
+
+impl CacheCollector {
+    /// `ssdcache_request_duration_seconds{volume,kind,outcome}`: time inside the engine.
+    fn encode_latencies(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "ssdcache_request_duration",
+            "Time a request spent in the cache engine (not queued in the NBD server), by kind and, for reads, outcome (hit or miss).",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        for volume in self.cache.volumes() {
+            for h in volume.latencies() {
+                let (kind, outcome) = h.kind.labels();
+                let labels: Labels = vec![
+                    ("volume", volume.name().to_owned()),
+                    ("kind", kind.to_owned()),
+                    ("outcome", outcome.to_owned()),
+                ];
+                family
+                    .encode_family(&labels)?
+                    .encode_histogram::<NoLabelSet>(h.sum_seconds, h.count, &h.buckets, None)?;
+            }
         }
         Ok(())
     }
@@ -389,6 +417,7 @@ fn cache_families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
     let layout = cache.layout();
     let used: u64 = volumes.iter().map(|v| v.lines_used).sum();
     let checksums = cache.checksum_usage();
+    let commits = cache.commit_stats();
     let one = |value: f64| vec![(Labels::new(), value)];
     let gauge = |name, help, unit, rows| Family {
         name,
@@ -443,6 +472,30 @@ fn cache_families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
                 ),
             ],
         ),
+        Family {
+            name: "ssdcache_journal_commits",
+            help: "Metadata commits (journal writes with the flushes before them), by result.",
+            unit: None,
+            kind: MetricType::Counter,
+            rows: vec![
+                (vec![("result", "ok".to_owned())], commits.done as f64),
+                (vec![("result", "failed".to_owned())], commits.failed as f64),
+            ],
+        },
+        Family {
+            name: "ssdcache_journal_commit",
+            help: "Time spent in commits (backing device flushes, cache device flush, journal write); over ssdcache_journal_commits_total, the mean commit latency.",
+            unit: Some(Unit::Seconds),
+            kind: MetricType::Counter,
+            rows: one(commits.seconds),
+        },
+        Family {
+            name: "ssdcache_journal_records",
+            help: "Line records written to the journal by successful commits.",
+            unit: None,
+            kind: MetricType::Counter,
+            rows: one(commits.records as f64),
+        },
         Family {
             name: "ssdcache_checksum_pages",
             help: "Metadata pages of checksums read from and written to the cache device, and lost (unreadable).",

@@ -817,6 +817,11 @@ impl Cache {
     }
 
     /// The most dirty lines (see `set_dirty_limit`).
+    /// The metadata commits since the start.
+    pub fn commit_stats(&self) -> crate::commit::CommitStats {
+        self.core.commits.stats()
+    }
+
     pub fn dirty_limit_lines(&self) -> u64 {
         u64::from(self.core.map().dirty_limit())
     }

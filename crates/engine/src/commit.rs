@@ -483,6 +483,28 @@ pub(crate) struct Commits {
     journal: Journal,
     requests: CommitRequests,
     superblock: Mutex<Superblock>,
+    tally: CommitTally,
+}
+
+/// Commits since the start, for metrics: counted after each commit's writes, read without
+/// the journal's lock.
+#[derive(Default)]
+struct CommitTally {
+    done: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
+    records: std::sync::atomic::AtomicU64,
+    nanos: std::sync::atomic::AtomicU64,
+}
+
+/// The commits since the daemon started ([`crate::Cache::commit_stats`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CommitStats {
+    pub done: u64,
+    pub failed: u64,
+    /// Line records written to the journal by the commits that succeeded.
+    pub records: u64,
+    /// Time spent in commits' writes and flushes (backing devices, cache device, journal).
+    pub seconds: f64,
 }
 
 impl Commits {
@@ -491,7 +513,32 @@ impl Commits {
             journal: Journal::new(pos),
             requests: CommitRequests::new(),
             superblock: Mutex::new(sb),
+            tally: CommitTally::default(),
         }
+    }
+
+    pub fn stats(&self) -> CommitStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = &self.tally;
+        CommitStats {
+            done: t.done.load(Relaxed),
+            failed: t.failed.load(Relaxed),
+            records: t.records.load(Relaxed),
+            seconds: t.nanos.load(Relaxed) as f64 / 1e9,
+        }
+    }
+
+    fn count(&self, ok: bool, records: usize, took: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = &self.tally;
+        if ok {
+            t.done.fetch_add(1, Relaxed);
+            t.records.fetch_add(records as u64, Relaxed);
+        } else {
+            t.failed.fetch_add(1, Relaxed);
+        }
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        t.nanos.fetch_add(nanos, Relaxed);
     }
 
     fn sb(&self) -> MutexGuard<'_, Superblock> {
@@ -589,7 +636,10 @@ impl CacheCore {
                 })
             })?
         };
+        let started = std::time::Instant::now();
         let result = self.write_commit(&mut journal, &records, kind);
+        self.commits
+            .count(result.is_ok(), records.len(), started.elapsed());
         match result {
             Ok(()) => {
                 self.map()

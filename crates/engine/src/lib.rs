@@ -12,6 +12,7 @@ mod commit;
 mod counters;
 mod error;
 mod journal;
+pub mod latency;
 mod locks;
 mod map;
 pub mod policy;
@@ -28,6 +29,7 @@ pub use cache::{
 };
 pub use checksums::{default_checksum_memory, ChecksumUsage};
 pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};
+pub use commit::CommitStats;
 pub use error::{EngineError, Result};
 pub use map::{dirty_limit_lines, DEFAULT_DIRTY_LIMIT};
 pub use superblock::{read_superblock, write_superblock};

@@ -13,6 +13,7 @@ use crate::cache::{CacheCore, Mismatch};
 use crate::commit::{Backing, CommitPurpose};
 use crate::counters::StripedCounters;
 use crate::error::{EngineError, Result};
+use crate::latency::{LatencyHistogram, LatencyHistograms, LatencyKind};
 use crate::locks::RangeGuard;
 use crate::map::MapState;
 use crate::sync::atomic::{AtomicU8, Ordering};
@@ -143,6 +144,8 @@ pub struct Volume {
     /// The N-hit miss table; `None` under `always` admission.
     admission_table: Option<Mutex<NHitAdmission>>,
     counters: StripedCounters<{ VolumeCounters::COUNT }>,
+    /// Time inside the engine per request, by kind and outcome (metrics).
+    latency: LatencyHistograms,
 }
 
 fn mode_code(m: CacheMode) -> u8 {
@@ -231,6 +234,7 @@ impl Volume {
             admission,
             admission_table: admission.table(lines).map(Mutex::new),
             counters: StripedCounters::new(slot.counters.0),
+            latency: LatencyHistograms::new(),
         }
     }
 
@@ -335,6 +339,15 @@ impl Volume {
 
     fn count(&self, c: Counter, n: u64) {
         self.counters.add(c as usize, n);
+    }
+
+    /// The latency histograms of the requests served since the daemon started.
+    pub fn latencies(&self) -> Vec<LatencyHistogram> {
+        self.latency.snapshot()
+    }
+
+    pub(crate) fn record_latency(&self, kind: LatencyKind, took: std::time::Duration) {
+        self.latency.record(kind, took);
     }
 
     pub fn counters(&self) -> VolumeCounters {
@@ -535,16 +548,29 @@ impl Volume {
 
     /// Reads `buf.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let started = std::time::Instant::now();
+        let hit = self.read_counted(offset, buf)?;
+        let kind = if hit {
+            LatencyKind::ReadHit
+        } else {
+            LatencyKind::ReadMiss
+        };
+        self.latency.record(kind, started.elapsed());
+        Ok(())
+    }
+
+    /// [`Volume::read`], counted; true for a hit (every sector was in the cache).
+    fn read_counted(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
         let length = buf.len() as u64;
         self.check(offset, length)?;
         self.count(Counter::Reads, 1);
         self.count(Counter::BytesRead, length);
         if length == 0 {
-            return Ok(());
+            return Ok(true);
         }
         if self.mode() == CacheMode::PassThrough && !self.has_dirty() {
             self.count(Counter::ReadMisses, 1);
-            return self.read_backing(buf, offset);
+            return self.read_backing(buf, offset).map(|()| false);
         }
         let held = self.lock_for_read(offset, length);
         let bypass = self.stream_bypass(offset, length);
@@ -555,7 +581,7 @@ impl Volume {
             self.count(Counter::BytesBypassed, length);
             self.count(Counter::ReadMisses, 1);
             self.read_backing(buf, offset)?;
-            return self.overlay_cached(offset, buf);
+            return self.overlay_cached(offset, buf).map(|()| false);
         }
         let fill = if !bypass
             && self.mode() != CacheMode::PassThrough
@@ -578,7 +604,7 @@ impl Volume {
             },
             1,
         );
-        Ok(())
+        Ok(all_hit)
     }
 
     /// Whether a write-back write would find a slot to dirty for every segment now (as
@@ -1230,6 +1256,7 @@ impl Volume {
 
     /// Writes `data` at `offset`; with `fua`, durable before returning.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let _timed = self.latency.timer(LatencyKind::Write);
         let length = data.len() as u64;
         self.check_writable(offset, length)?;
         self.count(Counter::Writes, 1);
@@ -1617,6 +1644,7 @@ impl Volume {
     /// Makes every completed write durable: the backing device flushed and, when the cache
     /// may hold dirty data, the journal committed.
     pub fn flush(&self) -> Result<()> {
+        let _timed = self.latency.timer(LatencyKind::Flush);
         self.core.check_running()?;
         self.count(Counter::Flushes, 1);
         if self.backing().has_unflushed_writes() {
@@ -1633,6 +1661,7 @@ impl Volume {
 
     /// Drops a range from the cache and discards it on the backing device where supported.
     pub fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
+        let _timed = self.latency.timer(LatencyKind::Trim);
         self.count(Counter::Trims, 1);
         self.on_backing_then_uncache(offset, length, fua, |b| {
             b.discard(offset, length).map(|_| ())
@@ -1641,6 +1670,7 @@ impl Volume {
 
     /// Makes a range read as zeroes.
     pub fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
+        let _timed = self.latency.timer(LatencyKind::WriteZeroes);
         self.count(Counter::WriteZeroes, 1);
         self.on_backing_then_uncache(offset, length, fua, |b| b.write_zeroes(offset, length))
     }

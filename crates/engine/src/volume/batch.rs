@@ -48,6 +48,8 @@ pub struct HitPlan<'v> {
     length: u64,
     /// Inline for a request of up to two lines (every 4 KiB hit): nothing allocated.
     segments: SmallVec<[PlannedSegment; 2]>,
+    /// When `begin_hit` was called: the hit's latency is counted from here.
+    started: std::time::Instant,
 }
 
 struct PlannedSegment {
@@ -78,6 +80,7 @@ impl Volume {
     /// when it is not a whole hit now, the volume passes through or the request is invalid:
     /// [`Volume::read`] serves it then.
     pub fn begin_hit(&self, offset: u64, length: u64, wait: bool) -> Option<HitPlan<'_>> {
+        let started = std::time::Instant::now();
         if length == 0 || self.check(offset, length).is_err() {
             return None;
         }
@@ -111,6 +114,7 @@ impl Volume {
             offset,
             length,
             segments,
+            started,
         })
     }
 
@@ -143,6 +147,7 @@ impl Volume {
         self.count(Counter::Reads, 1);
         self.count(Counter::BytesRead, plan.length);
         self.count(Counter::ReadHits, 1);
+        self.record_latency(crate::latency::LatencyKind::ReadHit, plan.started.elapsed());
         true
     }
 
