@@ -57,6 +57,9 @@ const RING_DRAIN_LIMIT: Duration = Duration::from_secs(30);
 /// How often a fast worker waiting for room in the slow queue checks whether the server
 /// closes every connection (which wakes no condition variable of the connection).
 const QUEUE_WAIT_CHECK: Duration = Duration::from_millis(100);
+/// How long requests the ring handed to the slow lane may wait for a worker that cannot be
+/// started (thread creation failing: a pids limit, memory) before the connection is closed.
+const SLOW_WORKER_START_LIMIT: Duration = Duration::from_secs(2);
 
 /// Why a connection ended badly. Clean ends are `Ok(())`.
 #[derive(Debug, thiserror::Error)]
@@ -529,7 +532,8 @@ impl<'a> SlowLane<'a> {
     }
 
     /// Queues `request` at once, even past [`SLOW_LANE_QUEUE`] (for the completion thread,
-    /// which must never wait: bounded by the ring's reads in flight).
+    /// which must never wait: bounded by the connection's request memory, as each holds its
+    /// buffer).
     fn push_now(&self, request: Request<'a>) -> Queued {
         let state = lock(&self.state);
         self.enqueue(state, request, false)
@@ -576,6 +580,19 @@ impl<'a> SlowLane<'a> {
                 .unwrap_or_else(PoisonError::into_inner);
             state.idle -= 1;
         }
+    }
+
+    /// True (and counted as a worker) when requests are queued and no slow worker runs to
+    /// serve them: the caller starts one (review 33: a READ the ring left unserved while no
+    /// worker could be started waited for a slow request that a client reading only hits
+    /// never sends).
+    fn claim_missing_worker(&self) -> bool {
+        let mut state = lock(&self.state);
+        let missing = state.workers == 0 && !state.queue.is_empty();
+        if missing {
+            state.workers += 1;
+        }
+        missing
     }
 
     /// A worker `push` asked for could not be started.
@@ -968,6 +985,8 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         let _abort_on_panic = AbortOnPanic(self);
         let _replies_done = RepliesDone(ring);
         let mut ended = Vec::new();
+        // Since when requests the ring queued for the slow lane have had no worker.
+        let mut no_worker_since: Option<Instant> = None;
         loop {
             if !ring.open.load(Ordering::SeqCst) && lock(&ring.pending).is_empty() {
                 return;
@@ -1000,6 +1019,21 @@ impl<'a, S: NbdStream> Connection<'a, S> {
             }
             for request in again {
                 self.read_again_off_ring(request, scope);
+            }
+            if self.start_missing_slow_worker(scope) {
+                no_worker_since = None;
+            } else if no_worker_since.get_or_insert_with(Instant::now).elapsed()
+                > SLOW_WORKER_START_LIMIT
+            {
+                warn!(
+                    peer = %self.peer,
+                    "no slow-lane worker could be started for {} s: closing the connection \
+                     (the requests waiting for one are not answered; the client sees a \
+                     disconnect, never a hang)",
+                    SLOW_WORKER_START_LIMIT.as_secs()
+                );
+                self.abort();
+                no_worker_since = None;
             }
             if served.is_empty() {
                 continue;
@@ -1047,8 +1081,9 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// A ring READ that ended unserved (a failed device read, a checksum mismatch) goes to
     /// the slow lane, whose worker reads it with [`crate::Export::read`]. Never on the
     /// completion thread, which must not wait for lines that ring hits in flight hold until
-    /// it reaps them (review 31), and never waiting for room: the slow queue may exceed its
-    /// bound by at most the ring's reads in flight.
+    /// it reaps them (review 31), and never waiting for room: such reads go past the slow
+    /// queue's bound, each holding its request memory, so the connection's memory limit
+    /// bounds them (review 33: not the ring's 128, since reads keep coming while these wait).
     fn read_again_off_ring<'scope>(
         &'scope self,
         request: Request<'a>,
@@ -1059,10 +1094,31 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 .name("nbd-slow-worker".into())
                 .spawn_scoped(scope, || self.slow_worker());
             if let Err(error) = spawned {
-                // Left queued: the next slow request a fast worker queues starts a worker
-                // or serves the queue itself.
+                // Left queued: the completion thread tries again at each reap
+                // (`start_missing_slow_worker`), and the next slow request a fast worker
+                // queues starts a worker or serves the queue itself.
                 warn!(peer = %self.peer, %error, "cannot start a slow-lane worker thread");
                 self.slow.worker_not_started();
+            }
+        }
+    }
+
+    /// Tried again at every reap (at least every 50 ms): a slow worker for requests the ring
+    /// queued when none could be started. The completion thread never serves them itself (it
+    /// must not wait for a line, review 31). False while requests wait with no worker.
+    fn start_missing_slow_worker<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>) -> bool {
+        if !self.slow.claim_missing_worker() {
+            return true;
+        }
+        let spawned = thread::Builder::new()
+            .name("nbd-slow-worker".into())
+            .spawn_scoped(scope, || self.slow_worker());
+        match spawned {
+            Ok(_) => true,
+            Err(error) => {
+                debug!(peer = %self.peer, %error, "still cannot start a slow-lane worker thread");
+                self.slow.worker_not_started();
+                false
             }
         }
     }

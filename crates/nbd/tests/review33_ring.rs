@@ -1,0 +1,153 @@
+//! Review 33: a READ the ring ended unserved is pushed to the slow lane by the completion
+//! thread (`read_again_off_ring`). If no slow worker runs and one cannot be started, the
+//! request was "left queued" until some later slow request came: with none (a read-only
+//! client whose reads are all fast hits) it was never answered, the client hung. Now the
+//! completion thread tries to start a worker at every reap, and closes the connection when
+//! none could be started for 2 s (it must not serve the read itself: review 31's deadlock).
+//! The client sees an answer or a disconnect, never a hang.
+//!
+//! Thread creation is made to fail with RLIMIT_NPROC, which only binds a non-root user: as
+//! root the test drops to uid 65534 (the whole process: this file holds this one test).
+
+mod common;
+
+use std::io::Read;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use ssdcache_nbd::{Command, Errno, Export, Lane, RingReads, RingStart, ServerConfig};
+
+const SIZE: u64 = 16 << 20;
+
+struct Backend {
+    data: Vec<u8>,
+    queue: Mutex<(Vec<u64>, bool)>,
+    changed: Condvar,
+}
+
+impl Export for Backend {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        buf.copy_from_slice(&self.data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn trim(&self, _: u64, _: u64, _: bool) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool, _: bool) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn cache(&self, _: u64, _: u64) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn lane(&self, command: Command, _: u64, _: u64) -> Lane {
+        if command == Command::Read {
+            Lane::Fast
+        } else {
+            Lane::Slow
+        }
+    }
+    fn ring_reads(&self) -> Option<Box<dyn RingReads + '_>> {
+        Some(Box::new(Ring(self)))
+    }
+}
+
+/// Starts READs of even blocks and ends each unserved (as a hit whose checksum failed).
+struct Ring<'e>(&'e Backend);
+
+impl RingReads for Ring<'_> {
+    unsafe fn start(&self, reads: &mut [RingStart]) {
+        let mut q = self.0.queue.lock().unwrap();
+        for r in reads
+            .iter_mut()
+            .filter(|r| (r.offset as usize / BLOCK).is_multiple_of(2))
+        {
+            q.0.push(r.tag);
+            r.started = true;
+        }
+        self.0.changed.notify_all();
+    }
+    fn wait(&self, ended: &mut Vec<(u64, bool)>) -> std::io::Result<()> {
+        let q = self.0.queue.lock().unwrap();
+        let (mut q, _) = self
+            .0
+            .changed
+            .wait_timeout_while(q, Duration::from_millis(50), |q| q.0.is_empty() && !q.1)
+            .unwrap();
+        q.1 = false;
+        ended.extend(q.0.drain(..).map(|tag| (tag, false)));
+        Ok(())
+    }
+    fn wake(&self) {
+        self.0.queue.lock().unwrap().1 = true;
+        self.0.changed.notify_all();
+    }
+}
+
+fn set_nproc(soft: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) };
+    lim.rlim_cur = soft.min(lim.rlim_max);
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) }, 0);
+}
+
+#[test]
+fn an_unserved_ring_read_is_answered_even_if_no_slow_worker_can_start() {
+    if unsafe { libc::geteuid() } == 0 {
+        // Root ignores RLIMIT_NPROC: become nobody (whole process).
+        assert_eq!(unsafe { libc::setgid(65534) }, 0);
+        assert_eq!(unsafe { libc::setuid(65534) }, 0);
+    }
+    let backend = Arc::new(Backend {
+        data: (0..SIZE as usize / BLOCK)
+            .flat_map(|i| pattern(i as u8, BLOCK))
+            .collect(),
+        queue: Mutex::new((Vec::new(), false)),
+        changed: Condvar::new(),
+    });
+    let config = ServerConfig {
+        fast_threads_per_connection: 1,
+        ..ServerConfig::default()
+    };
+    let (_server, mut client, _handle) = serve_disk(
+        backend.clone() as Arc<dyn Export>,
+        SIZE,
+        config,
+        Duration::from_secs(60),
+    );
+    // Transmission runs (completion and sender threads started): an odd block, no ring.
+    assert!(client.read(BLOCK as u64, BLOCK as u32).unwrap() == pattern(1, BLOCK));
+    // From now on no thread can be created.
+    set_nproc(1);
+    let probe = std::thread::Builder::new().spawn(|| ());
+    assert!(probe.is_err(), "thread creation fails now");
+    // An even block: the ring ends it unserved, the completion thread queues it for a slow
+    // worker it cannot start.
+    client.send(Command::Read, 0, 0, BLOCK as u32, &[]);
+    client
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let t = Instant::now();
+    let mut first = [0u8; 1];
+    let outcome = client.stream.read(&mut first);
+    eprintln!("after {:?}: {outcome:?}", t.elapsed());
+    set_nproc(u64::MAX);
+    // A reply byte, or the end of the stream (the connection closed): either within 5 s.
+    // A timeout (WouldBlock/TimedOut) is the hang.
+    assert!(
+        outcome.is_ok(),
+        "the READ the ring left unserved sat in the slow queue with no worker and the \
+         connection stayed open: {outcome:?} after {:?}",
+        t.elapsed()
+    );
+}
