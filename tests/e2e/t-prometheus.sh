@@ -13,7 +13,7 @@ mk_sparse backing.img 256M
 mk_sparse cache.img 64M
 create_cache cache.img backing.img --name vol0 --mode write-back
 # Dirty data stays put while the series are compared: no age-based write-back.
-start_server "$TEST_DIR/nbd.sock" --cache cache.img --metrics "127.0.0.1:$METRICS_PORT" \
+start_server "$TEST_DIR/nbd.sock" --cache cache.img --metrics "127.0.0.1:$METRICS_PORT" --ssd-tbw 600 \
     --writeback-max-age 3600
 URI=$(nbd_uri "$SOCK")
 

@@ -6,6 +6,7 @@
 //! listen = "127.0.0.1:10809"        # also serve NBD over TCP (no TLS yet: loopback only)
 //! control = "/run/ssdcache/ctl.sock" # control socket for stats/info
 //! metrics = "127.0.0.1:9871"       # Prometheus metrics at http://ADDR/metrics
+//! ssd_tbw = 600                      # the cache device's endurance rating, TB written
 //! threads = 32                       # slow-lane worker threads per NBD connection
 //! read_only = false                  # export every volume read-only
 //! writeback_high = 50                # write-back: clean every dirty line above 50% dirty lines
@@ -55,6 +56,7 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub control: Option<PathBuf>,
     pub metrics: Option<String>,
+    pub ssd_tbw: Option<f64>,
     pub threads: Option<usize>,
     pub read_only: Option<bool>,
     pub writeback_high: Option<f64>,

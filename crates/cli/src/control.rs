@@ -14,6 +14,7 @@ use ssdcache_engine::Cache;
 use ssdcache_trace::record::Recorder;
 
 use crate::report;
+use crate::wear::WearWatch;
 
 /// Default control socket of a cache, derived from its UUID so `stats --cache` finds it.
 pub fn default_path(cache_uuid: &[u8; 16]) -> PathBuf {
@@ -130,12 +131,13 @@ pub fn spawn(
     cache: Arc<Cache>,
     cache_path: PathBuf,
     recorder: Option<Arc<Recorder>>,
+    wear: Arc<WearWatch>,
 ) -> Result<()> {
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                if let Err(e) = answer(conn, &cache, &cache_path, recorder.as_deref()) {
+                if let Err(e) = answer(conn, &cache, &cache_path, recorder.as_deref(), &wear) {
                     tracing::debug!("control request failed: {e:#}");
                 }
             }
@@ -149,12 +151,13 @@ fn answer(
     cache: &Cache,
     cache_path: &Path,
     recorder: Option<&Recorder>,
+    wear: &WearWatch,
 ) -> Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(conn.try_clone()?.take(4096)).read_line(&mut line)?;
     let words: Vec<&str> = line.split_whitespace().collect();
-    let stats = || report::live_stats(cache, cache_path, recorder.map(Recorder::status));
+    let stats = || report::live_stats(cache, cache_path, recorder.map(Recorder::status), wear);
     let reply = match words.as_slice() {
         ["stats"] => serde_json::to_value(stats())?,
         ["info"] => serde_json::to_value(report::live_info(cache, cache_path))?,

@@ -22,6 +22,7 @@ mod tuning;
 mod usage;
 pub use usage::{as_usage_error, error_text, usage_error, UsageError};
 mod watch;
+mod wear;
 mod writeback;
 
 use std::path::PathBuf;

@@ -21,6 +21,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use ssdcache_engine::{Cache, VolumeStats};
 
+use crate::wear::{WearReport, WearWatch};
+
 /// The address `--metrics` binds when given without one: loopback only.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9871";
 /// The longest request head read, and how long it may take to arrive.
@@ -52,9 +54,9 @@ pub fn bind(addr: &str) -> Result<TcpListener> {
 }
 
 /// Answers scrapes on a thread of its own until the process exits.
-pub fn spawn(listener: TcpListener, cache: Arc<Cache>) -> Result<()> {
+pub fn spawn(listener: TcpListener, cache: Arc<Cache>, wear: Arc<WearWatch>) -> Result<()> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(CacheCollector { cache }));
+    registry.register_collector(Box::new(CacheCollector { cache, wear }));
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
@@ -128,6 +130,7 @@ fn read_head(conn: &mut TcpStream) -> Result<String> {
 /// Reads the cache's statistics at each scrape.
 struct CacheCollector {
     cache: Arc<Cache>,
+    wear: Arc<WearWatch>,
 }
 
 impl std::fmt::Debug for CacheCollector {
@@ -265,7 +268,10 @@ const VOLUME_COUNTERS: &[CounterRow] = &[
 impl Collector for CacheCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let volumes: Vec<VolumeStats> = self.cache.volumes().iter().map(|v| v.stats()).collect();
-        for family in families(&self.cache, &volumes) {
+        for family in families(&self.cache, &volumes)
+            .into_iter()
+            .chain(wear_families(&self.wear.report()))
+        {
             family.encode(&mut encoder)?;
         }
         self.encode_latencies(&mut encoder)
@@ -508,6 +514,36 @@ fn cache_families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
             ],
         },
     ]
+}
+
+/// The cache device's wear (`serve --ssd-tbw`, docs/operations.md).
+fn wear_families(w: &WearReport) -> Vec<Family> {
+    let mut out = vec![Family {
+        name: "ssdcache_cache_device_written",
+        help: "Bytes ssdcache wrote to the cache device (data, journal, metadata, superblocks), across restarts.",
+        unit: Some(Unit::Bytes),
+        kind: MetricType::Counter,
+        rows: vec![(Labels::new(), w.bytes_written as f64)],
+    }];
+    if let Some(tbw) = w.tbw_bytes {
+        out.push(Family {
+            name: "ssdcache_cache_device_rated_written",
+            help: "The cache device's endurance rating in bytes written (serve --ssd-tbw).",
+            unit: Some(Unit::Bytes),
+            kind: MetricType::Gauge,
+            rows: vec![(Labels::new(), tbw as f64)],
+        });
+    }
+    if let Some(years) = w.projected_lifetime_years {
+        out.push(Family {
+            name: "ssdcache_cache_device_projected_lifetime",
+            help: "Time until the rating is used up at the write rate of the last hour.",
+            unit: Some(Unit::Seconds),
+            kind: MetricType::Gauge,
+            rows: vec![(Labels::new(), years * 365.0 * 86_400.0)],
+        });
+    }
+    out
 }
 
 /// A volume state's name as a label value.

@@ -13,6 +13,7 @@ use ssdcache_trace::record::RecordStatus;
 use crate::control;
 use crate::devices::read_cache;
 use crate::size::human;
+use crate::wear::{WearReport, WearWatch};
 
 #[derive(Args)]
 pub struct InfoArgs {
@@ -85,6 +86,9 @@ pub struct StatsReport {
     /// Live: the data checksums kept in RAM (`serve --checksum-memory`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum_pages: Option<ChecksumPagesReport>,
+    /// The cache device's wear: bytes written, rating, rate and projected lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssd: Option<WearReport>,
 }
 
 /// The metadata pages of data checksums in RAM, and their reads and writes since the start.
@@ -143,6 +147,7 @@ fn stats_report(
         dirty_limit_lines: None,
         recording: None,
         checksum_pages: None,
+        ssd: Some(WearReport::saved(sb.cache_bytes_written, sb.ssd_tbw_bytes)),
     }
 }
 
@@ -150,11 +155,13 @@ pub fn live_stats(
     cache: &Cache,
     cache_path: &Path,
     recording: Option<RecordStatus>,
+    wear: &WearWatch,
 ) -> StatsReport {
     let vols: Vec<VolumeStats> = cache.volumes().iter().map(|v| v.stats()).collect();
     let c = cache.checksum_usage();
     StatsReport {
         recording,
+        ssd: Some(wear.report()),
         dirty_limit_lines: Some(cache.dirty_limit_lines()),
         checksum_pages: Some(ChecksumPagesReport {
             resident_bytes: c.resident_frames * c.frame_bytes,
@@ -277,6 +284,9 @@ fn print_stats(r: &StatsReport) {
             }
         );
     }
+    if let Some(w) = &r.ssd {
+        print_wear(w);
+    }
     if let Some(t) = &r.recording {
         print_recording(t);
     }
@@ -351,6 +361,35 @@ fn print_stats(r: &StatsReport) {
                 c("dirty_read_errors")
             );
         }
+    }
+}
+
+fn print_wear(w: &WearReport) {
+    let rating = w.tbw_bytes.map_or_else(
+        || " (no rating: serve --ssd-tbw TB)".to_owned(),
+        |t| {
+            format!(
+                " of {} rated ({:.2}% used)",
+                crate::wear::rating_text(t),
+                100.0 * w.bytes_written as f64 / t as f64
+            )
+        },
+    );
+    let rate = match (w.bytes_written_per_day, w.rate_window_seconds) {
+        (Some(day), Some(window)) => {
+            format!("; {}/day over the last {:.0} s", human(day as u64), window)
+        }
+        _ => String::new(),
+    };
+    let left = w.projected_lifetime_years.map_or_else(String::new, |y| {
+        format!("; {} left at that rate", crate::wear::lifetime_text(y))
+    });
+    println!(
+        "cache device written {}{rating}{rate}{left}",
+        human(w.bytes_written)
+    );
+    if w.short_of_a_year() {
+        println!("WARNING: {}", crate::wear::lifetime_warning(w));
     }
 }
 

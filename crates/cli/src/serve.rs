@@ -101,6 +101,12 @@ pub struct ServeArgs {
     /// 0.1% of the cache in RAM [default: 0.01% of the cache, at least 1MiB]
     #[arg(long, value_name = "SIZE|all", value_parser = parse_checksum_memory)]
     checksum_memory: Option<u64>,
+    /// The cache device's endurance rating in terabytes written (TBW, 10^12 bytes, from its
+    /// data sheet), kept in the cache's superblock. With it, `stats` and the metrics project
+    /// the lifetime left at the recent write rate, and the log warns when that is under a
+    /// year. The bytes ssdcache writes to the cache device are counted with or without it
+    #[arg(long, value_name = "TB", value_parser = crate::wear::parse_tbw)]
+    ssd_tbw: Option<f64>,
     /// Record the clients' reads and writes to FILE (time, volume, offset, length; never
     /// data), for `ssdcache simulate`, `mrc` and `advise`. Write-zeroes count as writes;
     /// trims, flushes and cache hints are not recorded. About 30 bytes per request. The
@@ -161,6 +167,8 @@ struct Settings {
     control: Option<PathBuf>,
     /// `--metrics`: the Prometheus endpoint's address.
     metrics: Option<String>,
+    /// `--ssd-tbw`, in TB.
+    ssd_tbw: Option<f64>,
     read_only: bool,
     backing: BTreeMap<String, PathBuf>,
     emulate_hdd: bool,
@@ -248,6 +256,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         listen: args.listen.or(file.listen),
         control: args.control.or(file.control),
         metrics: args.metrics.or(file.metrics),
+        ssd_tbw: args.ssd_tbw.or(file.ssd_tbw),
         read_only: args.read_only || file.read_only.unwrap_or(false),
         backing,
         emulate_hdd: args.emulate_hdd,
@@ -766,9 +775,22 @@ fn start_serving(
     stops: &StopEvents,
     recorder: &Option<Arc<Recorder>>,
 ) -> Result<()> {
-    control::spawn(control, cache.clone(), s.cache.clone(), recorder.clone())?;
+    if let Some(tb) = s.ssd_tbw {
+        cache
+            .set_ssd_tbw_bytes((tb * crate::wear::TB) as u64)
+            .context("recording --ssd-tbw in the superblock")?;
+    }
+    let wear = crate::wear::WearWatch::new(cache.clone());
+    wear.spawn()?;
+    control::spawn(
+        control,
+        cache.clone(),
+        s.cache.clone(),
+        recorder.clone(),
+        wear.clone(),
+    )?;
     if let Some(metrics) = metrics {
-        crate::metrics::spawn(metrics, cache.clone())?;
+        crate::metrics::spawn(metrics, cache.clone(), wear)?;
     }
     for v in cache.volumes() {
         tracing::info!(

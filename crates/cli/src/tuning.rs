@@ -172,6 +172,8 @@ mod tests {
             journal_generation: 1,
             journal_start_seq: 1,
             journal_start_block: 0,
+            cache_bytes_written: 0,
+            ssd_tbw_bytes: 0,
             volumes: names
                 .iter()
                 .enumerate()

@@ -4,6 +4,7 @@
 //! ([`FileDevice`], O_DIRECT), aligned buffers and the backing device's identity.
 
 mod aligned;
+pub mod counted;
 mod file;
 pub mod identity;
 pub mod read_ring;

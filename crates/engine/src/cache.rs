@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ssdcache_device::counted::WriteCounted;
 use ssdcache_device::{AlignedBuf, BlockDevice};
 use ssdcache_format::{
     sector_crc, BackingIdentity, CacheMode, CacheState, Layout, LineRecord, MetaPage, Superblock,
@@ -47,9 +48,27 @@ impl Drop for ChecksumHold<'_> {
 
 type Checked<T = ()> = std::result::Result<T, Invariant>;
 
+/// Bytes written to the cache device: before this start (from the superblock) and since.
+pub(crate) struct Wear {
+    before: u64,
+    counted: Arc<WriteCounted>,
+}
+
+impl Wear {
+    pub fn total(&self) -> u64 {
+        self.before.saturating_add(self.counted.bytes_written())
+    }
+
+    pub fn since_start(&self) -> u64 {
+        self.counted.bytes_written()
+    }
+}
+
 /// What the volumes of one cache device share.
 pub(crate) struct CacheCore {
+    /// The cache device, its writes counted (`wear`).
     pub dev: Arc<dyn BlockDevice>,
+    pub wear: Wear,
     pub layout: Layout,
     /// Hits read it (`map_read`) and record their uses aside (`touches`); everything that
     /// changes it writes.
@@ -507,6 +526,8 @@ fn format_layout(dev: &dyn BlockDevice, layout: Layout, volume: NewVolume) -> Re
         journal_generation: u64::from_le_bytes(cache_uuid[..8].try_into().unwrap_or([1; 8])),
         journal_start_seq: 1,
         journal_start_block: 0,
+        cache_bytes_written: 0,
+        ssd_tbw_bytes: 0,
         volumes: vec![VolumeSlot {
             id: 0,
             uuid: *uuid::Uuid::new_v4().as_bytes(),
@@ -652,6 +673,12 @@ impl Cache {
         }
         let admissions = volume_admissions(&sb)?;
         let layout = sb.layout;
+        // Every write from here on is counted (the SSD's wear, kept in the superblock).
+        let wear = Wear {
+            before: sb.cache_bytes_written,
+            counted: Arc::new(WriteCounted::new(dev)),
+        };
+        let dev: Arc<dyn BlockDevice> = wear.counted.clone();
         if has_dirty_modes(&sb) && layout.journal_blocks() < 2 * layout.compaction_blocks() + 1 {
             return Err(format_err(format!(
                 "{}: this cache's journal ({} blocks) is too small for write-back (made by an \
@@ -690,6 +717,7 @@ impl Cache {
         sb.state = CacheState::Running;
         sb.sequence += 1;
         sb.updated_unix = now_unix();
+        sb.cache_bytes_written = wear.total();
         write_superblock(&*dev, &sb)?;
         // The superblock says running: checksum pages may be written from here on (a
         // checkpoint a clean superblock names is never overwritten).
@@ -704,6 +732,7 @@ impl Cache {
         let slots = sb.volumes.clone();
         let core = Arc::new(CacheCore {
             dev,
+            wear,
             layout,
             occupancy: map.occupancies(),
             map: MapLock::new(map),
@@ -817,6 +846,26 @@ impl Cache {
     }
 
     /// The most dirty lines (see `set_dirty_limit`).
+    /// Bytes written to the cache device in all (across restarts, as the superblock kept
+    /// them) and since this start.
+    pub fn cache_bytes_written(&self) -> (u64, u64) {
+        (self.core.wear.total(), self.core.wear.since_start())
+    }
+
+    /// The cache device's endurance rating (TBW) in bytes, 0 if never given.
+    pub fn ssd_tbw_bytes(&self) -> u64 {
+        self.core.commits.superblock().ssd_tbw_bytes
+    }
+
+    /// Records the cache device's endurance rating (`serve --ssd-tbw`) in the superblock.
+    pub fn set_ssd_tbw_bytes(&self, bytes: u64) -> Result<()> {
+        if self.ssd_tbw_bytes() == bytes {
+            return Ok(());
+        }
+        let _no_commit = self.core.commits.exclusive();
+        self.core.update_superblock(|sb| sb.ssd_tbw_bytes = bytes)
+    }
+
     /// The metadata commits since the start.
     pub fn commit_stats(&self) -> crate::commit::CommitStats {
         self.core.commits.stats()

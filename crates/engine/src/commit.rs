@@ -713,6 +713,7 @@ impl CacheCore {
     pub fn update_superblock(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
         let mut sb = self.commits.sb().clone();
         change(&mut sb);
+        sb.cache_bytes_written = self.wear.total();
         sb.sequence += 1;
         sb.updated_unix = now_unix();
         match write_superblock(&*self.dev, &sb) {

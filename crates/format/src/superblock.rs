@@ -161,6 +161,12 @@ pub struct Superblock {
     /// Sequence number and block index of the first live journal block.
     pub journal_start_seq: u64,
     pub journal_start_block: u64,
+    /// Bytes the daemon wrote to the cache device (data, journal, metadata, superblocks) up to
+    /// this superblock's write, across restarts; 0 in caches made before it was kept.
+    pub cache_bytes_written: u64,
+    /// The cache device's endurance rating in bytes written (TBW), as `serve --ssd-tbw` last
+    /// gave it; 0 = not given.
+    pub ssd_tbw_bytes: u64,
     pub volumes: Vec<VolumeSlot>,
 }
 
@@ -222,6 +228,8 @@ impl Superblock {
         put_u64(&mut buf, 168, self.journal_generation);
         put_u64(&mut buf, 176, self.journal_start_seq);
         put_u64(&mut buf, 184, self.journal_start_block);
+        put_u64(&mut buf, 192, self.cache_bytes_written);
+        put_u64(&mut buf, 200, self.ssd_tbw_bytes);
         if self.volumes.len() > MAX_VOLUMES {
             return Err(SuperblockError::TooManyVolumes);
         }
@@ -303,6 +311,8 @@ impl Superblock {
             journal_generation: get_u64(buf, 168),
             journal_start_seq: get_u64(buf, 176),
             journal_start_block: get_u64(buf, 184),
+            cache_bytes_written: get_u64(buf, 192),
+            ssd_tbw_bytes: get_u64(buf, 200),
             volumes,
         })
     }
@@ -433,6 +443,8 @@ mod tests {
             journal_generation: 0x1234,
             journal_start_seq: 5,
             journal_start_block: 3,
+            cache_bytes_written: 5 << 40,
+            ssd_tbw_bytes: 600_000_000_000_000,
             volumes: vec![VolumeSlot {
                 id: 3,
                 uuid: [1; 16],
