@@ -19,7 +19,10 @@ pub struct OpenOptions {
     pub write: bool,
     /// Ask for O_DIRECT; filesystems without it (tmpfs) fall back to buffered I/O with a warning.
     pub direct: bool,
-    /// Take an exclusive advisory lock (flock) so a second ssdcache cannot open it too.
+    /// Take an exclusive advisory lock (flock) so a second ssdcache cannot open it too; a
+    /// block device is also opened with O_EXCL, so the kernel refuses to mount it (or to let
+    /// another exclusive opener, such as mkfs or an md/LVM/bcache assembly, have it) while
+    /// ssdcache holds it.
     pub lock: bool,
 }
 
@@ -33,10 +36,26 @@ pub struct FileDevice {
 
 impl FileDevice {
     pub fn open(path: &Path, opts: OpenOptions) -> io::Result<FileDevice> {
-        let (file, direct) = match open_file(path, opts.write, opts.direct) {
+        let exclusive =
+            opts.lock && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        let open = |direct| open_file(path, opts.write, direct, exclusive);
+        let (file, direct) = match open(opts.direct) {
             Err(e) if opts.direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 tracing::warn!(path = %path.display(), "O_DIRECT not supported here; using buffered I/O (durability still by fdatasync)");
-                (open_file(path, opts.write, false)?, false)
+                (open(false)?, false)
+            }
+            Err(e) if exclusive && e.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!(
+                        "{} is in use: mounted, or held by another program (a filesystem, md, \
+                         LVM, bcache, another ssdcache); ssdcache must have it to itself (see \
+                         `findmnt {}`, `lsblk {}`)",
+                        path.display(),
+                        path.display(),
+                        path.display()
+                    ),
+                ));
             }
             other => (other?, opts.direct),
         };
@@ -87,12 +106,19 @@ impl FileDevice {
     }
 }
 
-fn open_file(path: &Path, write: bool, direct: bool) -> io::Result<File> {
+/// `exclusive` (block devices only): O_EXCL, which for a block device means no mount and no
+/// other exclusive opener while this file is open.
+fn open_file(path: &Path, write: bool, direct: bool, exclusive: bool) -> io::Result<File> {
     let mut o = std::fs::OpenOptions::new();
     o.read(true).write(write);
+    let mut flags = 0;
     if direct {
-        o.custom_flags(libc::O_DIRECT);
+        flags |= libc::O_DIRECT;
     }
+    if exclusive {
+        flags |= libc::O_EXCL;
+    }
+    o.custom_flags(flags);
     o.open(path)
 }
 
