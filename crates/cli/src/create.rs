@@ -138,7 +138,7 @@ pub(crate) fn parse_policy(name: &str) -> Result<u32, String> {
 }
 
 /// The given name, or the backing file's name with characters NBD URIs dislike replaced.
-fn volume_name(given: Option<&str>, backing: &Path) -> Result<String> {
+pub(crate) fn volume_name(given: Option<&str>, backing: &Path) -> Result<String> {
     let name = match given {
         Some(n) => n.to_owned(),
         None => backing

@@ -20,6 +20,7 @@ mod simulate;
 mod size;
 mod tuning;
 mod usage;
+mod volume;
 pub use usage::{as_usage_error, error_text, usage_error, UsageError};
 mod watch;
 mod wear;
@@ -107,6 +108,18 @@ data back first (`ssdcache flush`, or `ssdcache recover`), or destroy it knowing
 --discard-dirty-data."
     )]
     Create(create::CreateArgs),
+    /// Add volumes to an existing cache (one SSD for many disks)
+    #[command(
+        subcommand,
+        long_about = "Manages the volumes of a cache: each volume is a backing device with its own \
+mode, admission and sequential cutoff, served as its own NBD export; the cache's lines are one \
+pool ranked by one replacement policy, so whichever volume is hot gets the space.\n\n\
+`volume add` works on a stopped cache (no daemon may hold it; one that was not stopped cleanly \
+must be started and stopped once first). It fills a free volume slot of the superblock (32 in \
+all) and writes nothing to the new backing device. Removing a volume and adding one while \
+serving are not built yet."
+    )]
+    Volume(volume::VolumeCommand),
     /// Serve the volumes of a cache over NBD (foreground daemon)
     #[command(
         long_about = "Opens a cache and its backing devices, checks that each backing device is \
@@ -277,6 +290,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Create(a) => create::run(a),
+        Command::Volume(c) => volume::run(c),
         Command::Serve(a) => serve::run(a),
         Command::Info(a) => report::info(a),
         Command::Stats(a) => report::stats(a),
