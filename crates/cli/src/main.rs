@@ -8,8 +8,8 @@ mod create;
 mod devices;
 mod generate;
 mod hdd_emulator;
-#[cfg(feature = "simulator")]
 mod metrics;
+#[cfg(feature = "simulator")]
 mod mrc;
 mod notify;
 mod report;

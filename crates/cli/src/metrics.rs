@@ -73,7 +73,7 @@ pub fn spawn(listener: TcpListener, cache: Arc<Cache>, wear: Arc<WearWatch>) -> 
 fn answer(mut conn: TcpStream, registry: &Registry) -> Result<()> {
     conn.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     conn.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    let head = read_head(&mut conn)?;
+    let head = read_head(&mut conn, REQUEST_TIMEOUT)?;
     let request_line = head.lines().next().unwrap_or_default();
     let mut words = request_line.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
@@ -112,19 +112,33 @@ fn answer(mut conn: TcpStream, registry: &Registry) -> Result<()> {
     Ok(())
 }
 
-/// The request line and headers, up to the blank line that ends them.
-fn read_head(conn: &mut TcpStream) -> Result<String> {
+/// The request line and headers, up to the blank line that ends them, all within
+/// [`REQUEST_TIMEOUT`] (one deadline for the whole head: a client trickling a byte every few
+/// seconds must not hold the endpoint's one thread, review 34).
+fn read_head(conn: &mut TcpStream, timeout: Duration) -> Result<String> {
+    let deadline = std::time::Instant::now() + timeout;
     let mut head = Vec::new();
-    let mut limited = conn.take(MAX_REQUEST_HEAD);
-    let mut byte = [0u8; 512];
-    while !head.ends_with(b"\r\n\r\n") && !head.ends_with(b"\n\n") {
-        let n = limited.read(&mut byte)?;
+    let mut chunk = [0u8; 512];
+    while !ends_head(&head) && (head.len() as u64) < MAX_REQUEST_HEAD {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            anyhow::bail!("request head not complete within {timeout:?}");
+        }
+        conn.set_read_timeout(Some(left))?;
+        let room = (MAX_REQUEST_HEAD as usize - head.len()).min(chunk.len());
+        let n = conn.read(&mut chunk[..room])?;
         if n == 0 {
             break;
         }
-        head.extend_from_slice(&byte[..n]);
+        head.extend_from_slice(&chunk[..n]);
     }
     Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Whether the blank line ending the head arrived (anything after it, a body or a pipelined
+/// request, is ignored: the connection closes after the answer).
+fn ends_head(head: &[u8]) -> bool {
+    head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n")
 }
 
 /// Reads the cache's statistics at each scrape.
@@ -596,6 +610,33 @@ mod tests {
                 assert!(help.is_empty(), "{name} listed twice with help");
             }
         }
+    }
+
+    /// Review 34: a client trickling a byte at a time, each within the per-read timeout,
+    /// held the endpoint's one thread for hours; the whole head now has one deadline.
+    #[test]
+    fn a_trickling_client_is_cut_off_at_the_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).expect("connect");
+            for _ in 0..20 {
+                if s.write_all(b"G").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let (mut conn, _) = listener.accept().expect("accept");
+        let started = std::time::Instant::now();
+        let result = read_head(&mut conn, Duration::from_millis(500));
+        assert!(result.is_err(), "{result:?}");
+        assert!(started.elapsed() < Duration::from_millis(1500));
+        drop(conn);
+        client.join().expect("client");
+        // A head followed at once by a body still ends at the blank line.
+        assert!(ends_head(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nbody"));
+        assert!(!ends_head(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"));
     }
 
     #[test]

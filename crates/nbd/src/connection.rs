@@ -486,9 +486,22 @@ struct SlowState<'a> {
     workers: usize,
     /// Workers waiting for a request.
     idle: usize,
+    /// Fast workers serving the queue themselves because no slow worker could be started
+    /// (`queue_slow`): the lane has a worker meanwhile, so the completion thread does not
+    /// close the connection for want of one (review 34).
+    stand_ins: usize,
     /// No request is queued any more (the readers stopped, or the connection aborted):
     /// workers finish what is queued and stop.
     closed: bool,
+}
+
+/// A fast worker serving the slow queue itself ([`SlowLane::stand_in`]).
+struct StandIn<'l, 'a>(&'l SlowLane<'a>);
+
+impl Drop for StandIn<'_, '_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).stand_ins -= 1;
+    }
 }
 
 /// What became of a request handed to the slow lane.
@@ -508,6 +521,7 @@ impl<'a> SlowLane<'a> {
                 queue: VecDeque::new(),
                 workers: 0,
                 idle: 0,
+                stand_ins: 0,
                 closed: false,
             }),
             work: Condvar::new(),
@@ -588,11 +602,17 @@ impl<'a> SlowLane<'a> {
     /// never sends).
     fn claim_missing_worker(&self) -> bool {
         let mut state = lock(&self.state);
-        let missing = state.workers == 0 && !state.queue.is_empty();
+        let missing = state.workers == 0 && state.stand_ins == 0 && !state.queue.is_empty();
         if missing {
             state.workers += 1;
         }
         missing
+    }
+
+    /// Counts the calling fast worker as the lane's stand-in worker until the guard drops.
+    fn stand_in(&self) -> StandIn<'_, 'a> {
+        lock(&self.state).stand_ins += 1;
+        StandIn(self)
     }
 
     /// A worker `push` asked for could not be started.
@@ -1225,6 +1245,9 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                     return true;
                 };
                 warn!(peer = %self.peer, %error, "cannot start a slow-lane worker thread");
+                // Counted as the lane's worker before the failed one is uncounted, so the
+                // completion thread never sees the queue without one (review 34).
+                let _stand_in = self.slow.stand_in();
                 self.slow.worker_not_started();
                 // With no slow worker at all, serve what is queued here rather than never
                 // (review13 R13-4: requests queued meanwhile had no worker); a worker started

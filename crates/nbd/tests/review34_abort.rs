@@ -1,0 +1,153 @@
+//! Review 34: when no slow worker can be started, a fast worker serves the slow queue itself
+//! (review13 R13-4). The completion thread's 2 s limit for requests without a worker (review
+//! 33) must count that stand-in as a worker: a FLUSH that takes 3 s while thread creation
+//! fails was cut off with a disconnect at 2 s (the kernel client sees an I/O error on it).
+//! Now the FLUSH and the ring READ queued behind it are both answered.
+//!
+//! Thread creation is made to fail with RLIMIT_NPROC, which only binds a non-root user: as
+//! root the test drops to uid 65534 (the whole process: this file holds this one test).
+
+mod common;
+
+use std::io::Read;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use ssdcache_nbd::{Command, Errno, Export, Lane, RingReads, RingStart, ServerConfig};
+
+const SIZE: u64 = 16 << 20;
+
+struct Backend {
+    data: Vec<u8>,
+    queue: Mutex<(Vec<u64>, bool)>,
+    changed: Condvar,
+}
+
+impl Export for Backend {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        buf.copy_from_slice(&self.data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), Errno> {
+        // A hard drive flushing a full write cache: slow, but progressing.
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(())
+    }
+    fn trim(&self, _: u64, _: u64, _: bool) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool, _: bool) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn cache(&self, _: u64, _: u64) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn lane(&self, command: Command, _: u64, _: u64) -> Lane {
+        if command == Command::Read {
+            Lane::Fast
+        } else {
+            Lane::Slow
+        }
+    }
+    fn ring_reads(&self) -> Option<Box<dyn RingReads + '_>> {
+        Some(Box::new(Ring(self)))
+    }
+}
+
+/// Starts READs of even blocks and ends each unserved (as a hit whose checksum failed).
+struct Ring<'e>(&'e Backend);
+
+impl RingReads for Ring<'_> {
+    unsafe fn start(&self, reads: &mut [RingStart]) {
+        let mut q = self.0.queue.lock().unwrap();
+        for r in reads
+            .iter_mut()
+            .filter(|r| (r.offset as usize / BLOCK).is_multiple_of(2))
+        {
+            q.0.push(r.tag);
+            r.started = true;
+        }
+        self.0.changed.notify_all();
+    }
+    fn wait(&self, ended: &mut Vec<(u64, bool)>) -> std::io::Result<()> {
+        let q = self.0.queue.lock().unwrap();
+        let (mut q, _) = self
+            .0
+            .changed
+            .wait_timeout_while(q, Duration::from_millis(50), |q| q.0.is_empty() && !q.1)
+            .unwrap();
+        q.1 = false;
+        ended.extend(q.0.drain(..).map(|tag| (tag, false)));
+        Ok(())
+    }
+    fn wake(&self) {
+        self.0.queue.lock().unwrap().1 = true;
+        self.0.changed.notify_all();
+    }
+}
+
+fn set_nproc(soft: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) };
+    lim.rlim_cur = soft.min(lim.rlim_max);
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) }, 0);
+}
+
+#[test]
+fn a_connection_whose_slow_queue_is_being_served_is_not_closed() {
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(unsafe { libc::setgid(65534) }, 0);
+        assert_eq!(unsafe { libc::setuid(65534) }, 0);
+    }
+    let backend = Arc::new(Backend {
+        data: (0..SIZE as usize / BLOCK)
+            .flat_map(|i| pattern(i as u8, BLOCK))
+            .collect(),
+        queue: Mutex::new((Vec::new(), false)),
+        changed: Condvar::new(),
+    });
+    let config = ServerConfig {
+        fast_threads_per_connection: 2,
+        ..ServerConfig::default()
+    };
+    let (_server, mut client, _handle) = serve_disk(
+        backend.clone() as Arc<dyn Export>,
+        SIZE,
+        config,
+        Duration::from_secs(60),
+    );
+    assert!(client.read(BLOCK as u64, BLOCK as u32).unwrap() == pattern(1, BLOCK));
+    assert!(client.read(3 * BLOCK as u64, BLOCK as u32).unwrap() == pattern(3, BLOCK));
+    set_nproc(1);
+    assert!(
+        std::thread::Builder::new().spawn(|| ()).is_err(),
+        "thread creation fails now"
+    );
+    // A FLUSH: no slow worker can start, so the fast worker that read it serves it itself
+    // (3 s, progressing). Then a READ the ring leaves unserved joins the slow queue, which
+    // that fast worker serves next.
+    client.send(Command::Flush, 0, 0, 0, &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    client.send(Command::Read, 0, 0, BLOCK as u32, &[]);
+    client
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(8)))
+        .unwrap();
+    let t = Instant::now();
+    let mut first = [0u8; 16];
+    let outcome = client.stream.read(&mut first);
+    let took = t.elapsed();
+    set_nproc(u64::MAX);
+    eprintln!("first reply after {took:?}: {outcome:?}");
+    assert!(
+        matches!(outcome, Ok(n) if n > 0),
+        "the connection was closed after {took:?} while its FLUSH was being served: {outcome:?}"
+    );
+}
