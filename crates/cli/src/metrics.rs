@@ -55,6 +55,7 @@ pub fn bind(addr: &str) -> Result<TcpListener> {
 
 /// Answers scrapes on a thread of its own until the process exits.
 pub fn spawn(listener: TcpListener, cache: Arc<Cache>, wear: Arc<WearWatch>) -> Result<()> {
+    cache.record_latencies(true);
     let mut registry = Registry::default();
     registry.register_collector(Box::new(CacheCollector { cache, wear }));
     std::thread::Builder::new()

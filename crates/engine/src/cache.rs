@@ -866,6 +866,14 @@ impl Cache {
         self.core.update_superblock(|sb| sb.ssd_tbw_bytes = bytes)
     }
 
+    /// Turns the request latency histograms on or off (`serve --metrics` turns them on; off,
+    /// a request pays one relaxed load for them).
+    pub fn record_latencies(&self, on: bool) {
+        for v in self.volumes() {
+            v.record_latencies(on);
+        }
+    }
+
     /// The metadata commits since the start.
     pub fn commit_stats(&self) -> crate::commit::CommitStats {
         self.core.commits.stats()

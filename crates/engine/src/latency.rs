@@ -2,7 +2,10 @@
 //! write, FLUSH, TRIM, WRITE_ZEROES): the time inside the engine, from the call to its return
 //! (for a batched or ring hit, from `begin_hit` to `finish_hit`), not the time a request
 //! waited in the NBD server's queues. Striped like the counters (`counters.rs`): recording is
-//! two clock reads and two relaxed additions on the thread's own cache line.
+//! two clock reads and two relaxed additions on the thread's own cache line. Off until
+//! [`crate::Cache::record_latencies`] turns it on (`serve --metrics`): then a request costs one
+//! relaxed load more, and with it on about 50 ns (review 34 measured 5% of an in-memory hit
+//! at a million hits a second; an NBD hit takes about 10 µs of CPU).
 
 use std::time::{Duration, Instant};
 
@@ -54,6 +57,7 @@ const PER_KIND: usize = BUCKETS + 1;
 const KINDS: usize = LatencyKind::ALL.len();
 
 pub(crate) struct LatencyHistograms {
+    on: std::sync::atomic::AtomicBool,
     counts: StripedCounters<{ KINDS * PER_KIND }>,
 }
 
@@ -71,8 +75,20 @@ pub struct LatencyHistogram {
 impl LatencyHistograms {
     pub fn new() -> Self {
         LatencyHistograms {
+            on: std::sync::atomic::AtomicBool::new(false),
             counts: StripedCounters::new([0; KINDS * PER_KIND]),
         }
+    }
+
+    pub fn set_on(&self, on: bool) {
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Now, if latencies are recorded.
+    pub fn start(&self) -> Option<Instant> {
+        self.on
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(Instant::now)
     }
 
     pub fn record(&self, kind: LatencyKind, took: Duration) {
@@ -92,7 +108,7 @@ impl LatencyHistograms {
         LatencyTimer {
             histograms: self,
             kind,
-            started: Instant::now(),
+            started: self.start(),
         }
     }
 
@@ -124,12 +140,14 @@ impl LatencyHistograms {
 pub(crate) struct LatencyTimer<'h> {
     histograms: &'h LatencyHistograms,
     kind: LatencyKind,
-    started: Instant,
+    started: Option<Instant>,
 }
 
 impl Drop for LatencyTimer<'_> {
     fn drop(&mut self) {
-        self.histograms.record(self.kind, self.started.elapsed());
+        if let Some(started) = self.started {
+            self.histograms.record(self.kind, started.elapsed());
+        }
     }
 }
 
@@ -140,6 +158,11 @@ mod tests {
     #[test]
     fn latencies_land_in_their_buckets() {
         let h = LatencyHistograms::new();
+        assert!(h.start().is_none(), "off until turned on");
+        drop(h.timer(LatencyKind::Flush));
+        assert_eq!(h.snapshot()[3].count, 0);
+        h.set_on(true);
+        assert!(h.start().is_some());
         h.record(LatencyKind::ReadHit, Duration::from_micros(20));
         h.record(LatencyKind::ReadHit, Duration::from_micros(300));
         h.record(LatencyKind::ReadHit, Duration::from_secs(10));

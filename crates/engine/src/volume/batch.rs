@@ -48,8 +48,8 @@ pub struct HitPlan<'v> {
     length: u64,
     /// Inline for a request of up to two lines (every 4 KiB hit): nothing allocated.
     segments: SmallVec<[PlannedSegment; 2]>,
-    /// When `begin_hit` was called: the hit's latency is counted from here.
-    started: std::time::Instant,
+    /// When `begin_hit` was called, if latencies are recorded: the hit's is counted from here.
+    started: Option<std::time::Instant>,
 }
 
 struct PlannedSegment {
@@ -80,7 +80,7 @@ impl Volume {
     /// when it is not a whole hit now, the volume passes through or the request is invalid:
     /// [`Volume::read`] serves it then.
     pub fn begin_hit(&self, offset: u64, length: u64, wait: bool) -> Option<HitPlan<'_>> {
-        let started = std::time::Instant::now();
+        let started = self.latency_start();
         if length == 0 || self.check(offset, length).is_err() {
             return None;
         }
@@ -147,7 +147,9 @@ impl Volume {
         self.count(Counter::Reads, 1);
         self.count(Counter::BytesRead, plan.length);
         self.count(Counter::ReadHits, 1);
-        self.record_latency(crate::latency::LatencyKind::ReadHit, plan.started.elapsed());
+        if let Some(started) = plan.started {
+            self.record_latency(crate::latency::LatencyKind::ReadHit, started.elapsed());
+        }
         true
     }
 
