@@ -1,13 +1,16 @@
-//! Review 33: a READ the ring ended unserved is pushed to the slow lane by the completion
-//! thread (`read_again_off_ring`). If no slow worker runs and one cannot be started, the
-//! request was "left queued" until some later slow request came: with none (a read-only
-//! client whose reads are all fast hits) it was never answered, the client hung. Now the
-//! completion thread tries to start a worker at every reap, and closes the connection when
-//! none could be started for 2 s (it must not serve the read itself: review 31's deadlock).
-//! The client sees an answer or a disconnect, never a hang.
+//! Ring READs the completion thread hands to the slow lane while no thread can be started
+//! (RLIMIT_NPROC as uid 65534: root ignores the limit, so the test drops to that uid for the
+//! whole process; this file holds one test, its scenarios run in turn).
 //!
-//! Thread creation is made to fail with RLIMIT_NPROC, which only binds a non-root user: as
-//! root the test drops to uid 65534 (the whole process: this file holds this one test).
+//! Review 33: such a READ was "left queued" until some later slow request came: with none (a
+//! read-only client whose reads are all fast hits) it was never answered. Now the completion
+//! thread tries to start a worker at every reap and closes the connection when none could be
+//! started for 2 s (it must not serve the read itself: review 31's deadlock): the client sees
+//! an answer or a disconnect, never a hang.
+//!
+//! Review 34: when no slow worker can be started, a fast worker serves the slow queue itself
+//! (review13 R13-4); that stand-in counts as a worker, so a 3 s FLUSH it serves is not cut off
+//! by the 2 s limit (the kernel client would see an I/O error on it).
 
 mod common;
 
@@ -24,6 +27,21 @@ struct Backend {
     data: Vec<u8>,
     queue: Mutex<(Vec<u64>, bool)>,
     changed: Condvar,
+    /// How long a FLUSH takes (a hard drive flushing a full write cache: slow, progressing).
+    flush_takes: Duration,
+}
+
+impl Backend {
+    fn new(flush_takes: Duration) -> Arc<Backend> {
+        Arc::new(Backend {
+            data: (0..SIZE as usize / BLOCK)
+                .flat_map(|i| pattern(i as u8, BLOCK))
+                .collect(),
+            queue: Mutex::new((Vec::new(), false)),
+            changed: Condvar::new(),
+            flush_takes,
+        })
+    }
 }
 
 impl Export for Backend {
@@ -35,6 +53,7 @@ impl Export for Backend {
         Ok(())
     }
     fn flush(&self) -> Result<(), Errno> {
+        std::thread::sleep(self.flush_takes);
         Ok(())
     }
     fn trim(&self, _: u64, _: u64, _: bool) -> Result<(), Errno> {
@@ -101,19 +120,19 @@ fn set_nproc(soft: u64) {
 }
 
 #[test]
-fn an_unserved_ring_read_is_answered_even_if_no_slow_worker_can_start() {
+fn ring_reads_for_the_slow_lane_when_no_thread_can_start() {
     if unsafe { libc::geteuid() } == 0 {
-        // Root ignores RLIMIT_NPROC: become nobody (whole process).
+        // Root ignores RLIMIT_NPROC: become nobody (the whole process).
         assert_eq!(unsafe { libc::setgid(65534) }, 0);
         assert_eq!(unsafe { libc::setuid(65534) }, 0);
     }
-    let backend = Arc::new(Backend {
-        data: (0..SIZE as usize / BLOCK)
-            .flat_map(|i| pattern(i as u8, BLOCK))
-            .collect(),
-        queue: Mutex::new((Vec::new(), false)),
-        changed: Condvar::new(),
-    });
+    unserved_read_without_a_worker_never_hangs();
+    a_connection_whose_slow_queue_is_being_served_is_not_closed();
+}
+
+/// Review 33: a ring READ left unserved with no slow worker: answered or disconnected.
+fn unserved_read_without_a_worker_never_hangs() {
+    let backend = Backend::new(Duration::ZERO);
     let config = ServerConfig {
         fast_threads_per_connection: 1,
         ..ServerConfig::default()
@@ -149,5 +168,47 @@ fn an_unserved_ring_read_is_answered_even_if_no_slow_worker_can_start() {
         "the READ the ring left unserved sat in the slow queue with no worker and the \
          connection stayed open: {outcome:?} after {:?}",
         t.elapsed()
+    );
+}
+
+/// Review 34: a FLUSH a stand-in fast worker serves for 3 s is not cut off at 2 s.
+fn a_connection_whose_slow_queue_is_being_served_is_not_closed() {
+    let backend = Backend::new(Duration::from_secs(3));
+    let config = ServerConfig {
+        fast_threads_per_connection: 2,
+        ..ServerConfig::default()
+    };
+    let (_server, mut client, _handle) = serve_disk(
+        backend.clone() as Arc<dyn Export>,
+        SIZE,
+        config,
+        Duration::from_secs(60),
+    );
+    assert!(client.read(BLOCK as u64, BLOCK as u32).unwrap() == pattern(1, BLOCK));
+    assert!(client.read(3 * BLOCK as u64, BLOCK as u32).unwrap() == pattern(3, BLOCK));
+    set_nproc(1);
+    assert!(
+        std::thread::Builder::new().spawn(|| ()).is_err(),
+        "thread creation fails now"
+    );
+    // A FLUSH: no slow worker can start, so the fast worker that read it serves it itself
+    // (3 s, progressing). Then a READ the ring leaves unserved joins the slow queue, which
+    // that fast worker serves next.
+    client.send(Command::Flush, 0, 0, 0, &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    client.send(Command::Read, 0, 0, BLOCK as u32, &[]);
+    client
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(8)))
+        .unwrap();
+    let t = Instant::now();
+    let mut first = [0u8; 16];
+    let outcome = client.stream.read(&mut first);
+    let took = t.elapsed();
+    set_nproc(u64::MAX);
+    eprintln!("first reply after {took:?}: {outcome:?}");
+    assert!(
+        matches!(outcome, Ok(n) if n > 0),
+        "the connection was closed after {took:?} while its FLUSH was being served: {outcome:?}"
     );
 }
