@@ -184,6 +184,22 @@ impl Family {
     }
 }
 
+/// A gauge family.
+fn gauge(
+    name: &'static str,
+    help: &'static str,
+    unit: Option<Unit>,
+    rows: Vec<(Labels, f64)>,
+) -> Family {
+    Family {
+        name,
+        help,
+        unit,
+        kind: MetricType::Gauge,
+        rows,
+    }
+}
+
 /// A counter taken from a volume's statistics: metric, help (given once per metric), unit,
 /// the label that tells the rows of one metric apart, and the name of the volume counter.
 type CounterRow = (
@@ -350,13 +366,6 @@ fn families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
             .map(|v| (vec![("volume", v.name.clone())], f(v)))
             .collect()
     };
-    let gauge = |name, help, unit, rows| Family {
-        name,
-        help,
-        unit,
-        kind: MetricType::Gauge,
-        rows,
-    };
     out.push(gauge(
         "ssdcache_volume_size",
         "The volume's size.",
@@ -440,13 +449,6 @@ fn cache_families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
     let checksums = cache.checksum_usage();
     let commits = cache.commit_stats();
     let one = |value: f64| vec![(Labels::new(), value)];
-    let gauge = |name, help, unit, rows| Family {
-        name,
-        help,
-        unit,
-        kind: MetricType::Gauge,
-        rows,
-    };
     vec![
         gauge(
             "ssdcache_cache_capacity",
@@ -541,22 +543,20 @@ fn wear_families(w: &WearReport) -> Vec<Family> {
         rows: vec![(Labels::new(), w.bytes_written as f64)],
     }];
     if let Some(tbw) = w.tbw_bytes {
-        out.push(Family {
-            name: "ssdcache_cache_device_rated_written",
-            help: "The cache device's endurance rating in bytes written (serve --ssd-tbw).",
-            unit: Some(Unit::Bytes),
-            kind: MetricType::Gauge,
-            rows: vec![(Labels::new(), tbw as f64)],
-        });
+        out.push(gauge(
+            "ssdcache_cache_device_rated_written",
+            "The cache device's endurance rating in bytes written (serve --ssd-tbw).",
+            Some(Unit::Bytes),
+            vec![(Labels::new(), tbw as f64)],
+        ));
     }
     if let Some(years) = w.projected_lifetime_years {
-        out.push(Family {
-            name: "ssdcache_cache_device_projected_lifetime",
-            help: "Time until the rating is used up at the write rate of the last hour.",
-            unit: Some(Unit::Seconds),
-            kind: MetricType::Gauge,
-            rows: vec![(Labels::new(), years * 365.0 * 86_400.0)],
-        });
+        out.push(gauge(
+            "ssdcache_cache_device_projected_lifetime",
+            "Time until the rating is used up at the write rate of the last hour.",
+            Some(Unit::Seconds),
+            vec![(Labels::new(), years * 365.0 * 86_400.0)],
+        ));
     }
     out
 }

@@ -346,15 +346,6 @@ impl Volume {
         self.latency.snapshot()
     }
 
-    pub(crate) fn record_latency(&self, kind: LatencyKind, took: std::time::Duration) {
-        self.latency.record(kind, took);
-    }
-
-    /// Now, if latencies are recorded ([`crate::Cache::record_latencies`]).
-    pub(crate) fn latency_start(&self) -> Option<std::time::Instant> {
-        self.latency.start()
-    }
-
     pub(crate) fn record_latencies(&self, on: bool) {
         self.latency.set_on(on);
     }

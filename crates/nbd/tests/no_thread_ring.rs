@@ -15,99 +15,12 @@
 mod common;
 
 use std::io::Read;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::ring_backend::{Backend, SIZE};
 use common::*;
-use ssdcache_nbd::{Command, Errno, Export, Lane, RingReads, RingStart, ServerConfig};
-
-const SIZE: u64 = 16 << 20;
-
-struct Backend {
-    data: Vec<u8>,
-    queue: Mutex<(Vec<u64>, bool)>,
-    changed: Condvar,
-    /// How long a FLUSH takes (a hard drive flushing a full write cache: slow, progressing).
-    flush_takes: Duration,
-}
-
-impl Backend {
-    fn new(flush_takes: Duration) -> Arc<Backend> {
-        Arc::new(Backend {
-            data: (0..SIZE as usize / BLOCK)
-                .flat_map(|i| pattern(i as u8, BLOCK))
-                .collect(),
-            queue: Mutex::new((Vec::new(), false)),
-            changed: Condvar::new(),
-            flush_takes,
-        })
-    }
-}
-
-impl Export for Backend {
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        buf.copy_from_slice(&self.data[offset as usize..offset as usize + buf.len()]);
-        Ok(())
-    }
-    fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), Errno> {
-        std::thread::sleep(self.flush_takes);
-        Ok(())
-    }
-    fn trim(&self, _: u64, _: u64, _: bool) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn write_zeroes(&self, _: u64, _: u64, _: bool, _: bool) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn cache(&self, _: u64, _: u64) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn lane(&self, command: Command, _: u64, _: u64) -> Lane {
-        if command == Command::Read {
-            Lane::Fast
-        } else {
-            Lane::Slow
-        }
-    }
-    fn ring_reads(&self) -> Option<Box<dyn RingReads + '_>> {
-        Some(Box::new(Ring(self)))
-    }
-}
-
-/// Starts READs of even blocks and ends each unserved (as a hit whose checksum failed).
-struct Ring<'e>(&'e Backend);
-
-impl RingReads for Ring<'_> {
-    unsafe fn start(&self, reads: &mut [RingStart]) {
-        let mut q = self.0.queue.lock().unwrap();
-        for r in reads
-            .iter_mut()
-            .filter(|r| (r.offset as usize / BLOCK).is_multiple_of(2))
-        {
-            q.0.push(r.tag);
-            r.started = true;
-        }
-        self.0.changed.notify_all();
-    }
-    fn wait(&self, ended: &mut Vec<(u64, bool)>) -> std::io::Result<()> {
-        let q = self.0.queue.lock().unwrap();
-        let (mut q, _) = self
-            .0
-            .changed
-            .wait_timeout_while(q, Duration::from_millis(50), |q| q.0.is_empty() && !q.1)
-            .unwrap();
-        q.1 = false;
-        ended.extend(q.0.drain(..).map(|tag| (tag, false)));
-        Ok(())
-    }
-    fn wake(&self) {
-        self.0.queue.lock().unwrap().1 = true;
-        self.0.changed.notify_all();
-    }
-}
+use ssdcache_nbd::{Command, Export, ServerConfig};
 
 fn set_nproc(soft: u64) {
     let mut lim = libc::rlimit {
@@ -132,7 +45,7 @@ fn ring_reads_for_the_slow_lane_when_no_thread_can_start() {
 
 /// Review 33: a ring READ left unserved with no slow worker: answered or disconnected.
 fn unserved_read_without_a_worker_never_hangs() {
-    let backend = Backend::new(Duration::ZERO);
+    let backend = Backend::unserving(Duration::ZERO);
     let config = ServerConfig {
         fast_threads_per_connection: 1,
         ..ServerConfig::default()
@@ -173,7 +86,7 @@ fn unserved_read_without_a_worker_never_hangs() {
 
 /// Review 34: a FLUSH a stand-in fast worker serves for 3 s is not cut off at 2 s.
 fn a_connection_whose_slow_queue_is_being_served_is_not_closed() {
-    let backend = Backend::new(Duration::from_secs(3));
+    let backend = Backend::unserving(Duration::from_secs(3));
     let config = ServerConfig {
         fast_threads_per_connection: 2,
         ..ServerConfig::default()

@@ -80,7 +80,7 @@ impl Volume {
     /// when it is not a whole hit now, the volume passes through or the request is invalid:
     /// [`Volume::read`] serves it then.
     pub fn begin_hit(&self, offset: u64, length: u64, wait: bool) -> Option<HitPlan<'_>> {
-        let started = self.latency_start();
+        let started = self.latency.start();
         if length == 0 || self.check(offset, length).is_err() {
             return None;
         }
@@ -148,7 +148,8 @@ impl Volume {
         self.count(Counter::BytesRead, plan.length);
         self.count(Counter::ReadHits, 1);
         if let Some(started) = plan.started {
-            self.record_latency(crate::latency::LatencyKind::ReadHit, started.elapsed());
+            self.latency
+                .record(crate::latency::LatencyKind::ReadHit, started.elapsed());
         }
         true
     }

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod ring_backend;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
