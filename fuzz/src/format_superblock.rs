@@ -90,6 +90,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
             journal_generation: 0xfeed,
             journal_start_seq: 9,
             journal_start_block: 4,
+            cache_bytes_written: (index as u64) << 30,
+            ssd_tbw_bytes: if index == 2 { 600_000_000_000_000 } else { 0 },
             volumes: Vec::new(),
         };
         let volumes = [0, 1, ssdcache_format::superblock::MAX_VOLUMES][index];
