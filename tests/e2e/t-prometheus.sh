@@ -78,6 +78,12 @@ samples=$(query 'count_over_time(ssdcache_dirty_bytes{volume="vol0"}[1m])' | jq 
 assert_gt "$samples" 5 "samples of the dirty-data series"
 rose=$(query 'max_over_time(ssdcache_dirty_bytes{volume="vol0"}[1m]) - min_over_time(ssdcache_dirty_bytes{volume="vol0"}[1m])' | jq -r '.data.result[0].value[1]')
 assert_gt "$(printf '%.0f' "$rose")" 0 "the dirty-data series changed over the workload"
+# The oldest dirty data (written in the first round, over 7 s ago) has an age, in stats and
+# in Prometheus; the cleaner refreshes it about every second.
+want_age=$(jq -r '.oldest_dirty_age_seconds // empty' <<<"$stats")
+assert_gt "${want_age:-0}" 4 "stats --json oldest_dirty_age_seconds"
+got_age=$(query 'ssdcache_dirty_oldest_age_seconds' | jq -r '.data.result[0].value[1]')
+assert_gt "$(printf '%.0f' "$got_age")" 3 "ssdcache_dirty_oldest_age_seconds in Prometheus"
 
 # Every metric the dashboard uses exists in the scrape.
 DASH="$E2E_DIR/../../dist/grafana/ssdcache.json"

@@ -481,6 +481,12 @@ fn cache_families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
             one(cache.dirty_limit_lines() as f64),
         ),
         gauge(
+            "ssdcache_dirty_oldest_age",
+            "How long the oldest dirty data has been dirty, 0 without dirty data (refreshed by the cleaner about every second; data dirty before the daemon started counts from its start).",
+            Some(Unit::Seconds),
+            one(cache.oldest_dirty_age().map_or(0.0, |age| age.as_secs_f64())),
+        ),
+        gauge(
             "ssdcache_checksum_memory",
             "Data checksums in RAM: resident bytes and the budget (serve --checksum-memory).",
             Some(Unit::Bytes),

@@ -80,6 +80,10 @@ pub struct StatsReport {
     /// Live: the most lines that may be dirty (`serve --dirty-limit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dirty_limit_lines: Option<u64>,
+    /// Live: seconds the oldest dirty data has been dirty (the cleaner writes back what is
+    /// older than `--writeback-max-age`); absent without dirty data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_dirty_age_seconds: Option<u64>,
     /// The workload recording of `serve --record-trace`, while the daemon records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<RecordStatus>,
@@ -145,6 +149,7 @@ fn stats_report(
         capacity_bytes: l.line_count * l.line_size,
         volumes: vols.iter().map(volume_report).collect(),
         dirty_limit_lines: None,
+        oldest_dirty_age_seconds: None,
         recording: None,
         checksum_pages: None,
         ssd: Some(WearReport::saved(sb.cache_bytes_written, sb.ssd_tbw_bytes)),
@@ -163,6 +168,7 @@ pub fn live_stats(
         recording,
         ssd: Some(wear.report()),
         dirty_limit_lines: Some(cache.dirty_limit_lines()),
+        oldest_dirty_age_seconds: cache.oldest_dirty_age().map(|age| age.as_secs()),
         checksum_pages: Some(ChecksumPagesReport {
             resident_bytes: c.resident_frames * c.frame_bytes,
             budget_bytes: c.budget_frames.saturating_mul(c.frame_bytes),
@@ -257,8 +263,12 @@ fn print_stats(r: &StatsReport) {
     );
     if let Some(limit) = r.dirty_limit_lines {
         let dirty: u64 = r.volumes.iter().map(|v| v.dirty_lines).sum();
+        let age = match r.oldest_dirty_age_seconds {
+            Some(s) => format!("; the oldest dirty for {s} s"),
+            None => String::new(),
+        };
         println!(
-            "dirty lines {dirty} of at most {limit} ({:.0}% of the cache: the dirty limit)",
+            "dirty lines {dirty} of at most {limit} ({:.0}% of the cache: the dirty limit){age}",
             100.0 * limit as f64 / r.lines.max(1) as f64
         );
     }

@@ -15,7 +15,7 @@ use crate::cache::{Cache, CacheCore, Mismatch};
 use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::map::{line_of, volume_of, DamagedLines, DirtyLine, DirtySweep, SweepEntry};
-use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::thread::{self, JoinHandle};
 use crate::sync::Mutex;
 use crate::volume::{Counter, Volume};
@@ -86,15 +86,31 @@ const DRAIN_BUSY_PAUSE: Duration = Duration::from_millis(10);
 const DRAIN_BUSY_ROUNDS: u32 = 3000;
 
 /// The state a cache keeps for its cleaner thread.
-#[derive(Default)]
 pub(crate) struct CleanerState {
     /// The address-ordered sweep under way (`Select::All`, `Select::DirtySince`).
     sweep: Mutex<DirtySweep>,
     draining: AtomicBool,
     stop: Arc<AtomicBool>,
+    /// When the oldest dirty line the cleaner can write back became dirty (`now_secs`), as
+    /// the cleaner last saw it (about every second), `u64::MAX` for none: read by
+    /// [`Cache::oldest_dirty_age`] without the map's lock.
+    oldest_dirty_since: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The background committer (`CommitRequests`), started and stopped with the cleaner.
     committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Default for CleanerState {
+    fn default() -> Self {
+        CleanerState {
+            sweep: Default::default(),
+            draining: AtomicBool::new(false),
+            stop: Default::default(),
+            oldest_dirty_since: AtomicU64::new(u64::MAX),
+            thread: Default::default(),
+            committer: Default::default(),
+        }
+    }
 }
 
 /// How a batch's writes share the backing device with clients.
@@ -779,6 +795,19 @@ impl Cache {
         self.cleaner.draining.load(Ordering::Acquire)
     }
 
+    /// How long the oldest dirty data the cleaner can write back has been dirty, as the
+    /// running cleaner last saw it (it looks about every second, between batches); `None`
+    /// without dirty data or before the cleaner has looked. Takes no lock. Data dirty before
+    /// the daemon started counts from the start: the metadata keeps no time.
+    pub fn oldest_dirty_age(&self) -> Option<Duration> {
+        let since = self.cleaner.oldest_dirty_since.load(Ordering::Relaxed);
+        if since == u64::MAX || self.dirty_lines() == 0 {
+            return None;
+        }
+        let now = u64::from(self.core().now_secs());
+        Some(Duration::from_secs(now.saturating_sub(since)))
+    }
+
     /// Sleeps for `pause`, in 20 ms steps, returning early once the cleaner is stopped: a
     /// stop never waits out a retry pause.
     fn pause_unless_stopped(&self, pause: Duration) {
@@ -804,6 +833,10 @@ impl Cache {
             if oldest_checked.elapsed() >= Duration::from_secs(1) {
                 oldest = self.core().map_read().oldest_dirty_since();
                 oldest_checked = Instant::now();
+                let published = oldest.map_or(u64::MAX, u64::from);
+                self.cleaner
+                    .oldest_dirty_since
+                    .store(published, Ordering::Relaxed);
             }
             let now = self.core().now_secs();
             let age_limit = cfg.max_age.as_secs().min(u64::from(u32::MAX)) as u32;
