@@ -19,7 +19,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use ssdcache_engine::{Cache, VolumeStats};
+use ssdcache_engine::{Cache, VolumeState, VolumeStats};
 
 use crate::wear::{WearReport, WearWatch};
 
@@ -416,7 +416,7 @@ fn families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
         volumes
             .iter()
             .map(|v| {
-                let state = state_label(v.state.name());
+                let state = state_label(v.state);
                 (vec![("volume", v.name.clone()), ("state", state.to_owned())], 1.0)
             })
             .collect(),
@@ -567,13 +567,14 @@ fn wear_families(w: &WearReport) -> Vec<Family> {
     out
 }
 
-/// A volume state's name as a label value.
-fn state_label(name: &str) -> &'static str {
-    match name {
-        "healthy" => "healthy",
-        n if n.starts_with("pass-through") => "pass_through",
-        n if n.starts_with("cache failed") => "cache_failed",
-        _ => "backing_flush_failed",
+/// A volume state as a label value.
+fn state_label(state: VolumeState) -> &'static str {
+    match state {
+        VolumeState::Healthy => "healthy",
+        VolumeState::PassThroughAfterErrors => "pass_through",
+        VolumeState::CacheFailed => "cache_failed",
+        VolumeState::BackingFlushFailed => "backing_flush_failed",
+        VolumeState::Offline => "offline",
     }
 }
 

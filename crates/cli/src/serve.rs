@@ -11,7 +11,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ssdcache_device::{BlockDevice, FileDevice};
 use ssdcache_devsim::hdd::{HddDevice, HddParams};
-use ssdcache_engine::{BatchRead, Cache, CleanerConfig, EngineError, RingHit, RingHits, Volume};
+use ssdcache_engine::{
+    BatchRead, Cache, CleanerConfig, EngineError, RingHit, RingHits, Volume, VolumeBacking,
+};
 use ssdcache_format::{CacheState, Superblock};
 use ssdcache_nbd::{
     transmission_flags, BatchedRead, Command, Errno, Export, ExportInfo, Lane, RingReads,
@@ -22,7 +24,7 @@ use ssdcache_trace::Op;
 
 use crate::config::{FileConfig, SizeValue};
 use crate::control;
-use crate::devices::{open_backings, open_cache_device, parse_backing};
+use crate::devices::{dirty_per_volume, open_backing, open_cache_device, parse_backing};
 use crate::notify::Notifier;
 use crate::signals::StopEvents;
 use crate::size::{human, parse_size};
@@ -71,7 +73,10 @@ pub struct ServeArgs {
     /// benchmarks and demos
     #[arg(long)]
     emulate_hdd: bool,
-    /// Where a volume's backing device is now, if not at its recorded path (repeatable)
+    /// Where a volume's backing device is now, if not at its recorded path (repeatable). A
+    /// device named here that cannot be opened or is not the recorded one refuses the start;
+    /// a volume whose recorded device fails so is offline instead (not served, its data kept
+    /// in the cache) while the others serve, unless every volume fails
     #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
     backing: Vec<(String, PathBuf)>,
     /// Write-back: share of the cache's lines dirty at which the cleaner writes back every
@@ -434,6 +439,7 @@ fn errno(e: EngineError) -> Errno {
     match e {
         EngineError::OutOfRange { .. } | EngineError::Misaligned { .. } => Errno::Invalid,
         EngineError::ReadOnly(_) => Errno::Perm,
+        EngineError::VolumeOffline { .. } => Errno::Io,
         EngineError::Backing { .. }
         | EngineError::CacheDevice { .. }
         | EngineError::Format(_)
@@ -571,6 +577,7 @@ fn exports(cache: &Cache, read_only: bool, recorder: Option<&Recorder>) -> Vec<S
     cache
         .volumes()
         .iter()
+        .filter(|v| v.offline_reason().is_none())
         .map(|v| {
             let ro = read_only || v.read_only();
             ServerExport {
@@ -622,16 +629,57 @@ fn check_backing_names(backing: &BTreeMap<String, PathBuf>, sb: &Superblock) -> 
 }
 
 /// Opens every volume's backing device, checked as every command checks it, behind the HDD
-/// model when `--emulate-hdd` asks for it.
+/// model when `--emulate-hdd` asks for it. A volume whose recorded device cannot be opened or
+/// is not the recorded one (a disk missing after a reboot) is offline: logged as an error, not
+/// served, its cached and dirty data kept, while the others serve. Refused outright: a device
+/// given with `--backing NAME=PATH` that fails (the user asked for that one), and every volume
+/// failing (nothing to serve; the first error is returned).
 fn open_backings_to_serve(
     s: &Settings,
     dev: &dyn BlockDevice,
     sb: &Superblock,
-) -> Result<Vec<Arc<dyn BlockDevice>>> {
-    Ok(open_backings(dev, sb, &s.backing)?
-        .into_iter()
-        .map(|d| with_hdd_model(d, s.emulate_hdd))
-        .collect())
+) -> Result<Vec<VolumeBacking>> {
+    let dirty = std::cell::OnceCell::new();
+    let dirty_of = |i: usize| {
+        let all = dirty.get_or_init(|| dirty_per_volume(dev, sb));
+        all.get(i).copied().unwrap_or(0)
+    };
+    let mut backings = Vec::new();
+    let mut first_error = None;
+    for (i, slot) in sb.volumes.iter().enumerate() {
+        match open_backing(slot, &s.backing, &|| dirty_of(i)) {
+            Ok(d) => backings.push(VolumeBacking::Device(with_hdd_model(d, s.emulate_hdd))),
+            Err(e) if s.backing.contains_key(&slot.name) => return Err(e),
+            Err(e) => {
+                let reason = format!("{e:#}");
+                backings.push(VolumeBacking::Offline {
+                    reason: reason.clone(),
+                });
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let opened = backings
+        .iter()
+        .filter(|b| matches!(b, VolumeBacking::Device(_)))
+        .count();
+    if let (0, Some(e)) = (opened, first_error) {
+        return Err(e);
+    }
+    for (i, (slot, b)) in sb.volumes.iter().zip(&backings).enumerate() {
+        if let VolumeBacking::Offline { reason } = b {
+            tracing::error!(
+                "volume '{}' is OFFLINE and not served: {}. The other volumes are served; \
+                 this one's cached and dirty data ({}) stay in the cache, untouched, until a \
+                 start finds its device (restart the daemon once it is back). Do not write to \
+                 the disk meanwhile: the cache's copy of its data would hide those writes",
+                slot.name,
+                reason.trim_end_matches('.'),
+                human(dirty_of(i))
+            );
+        }
+    }
+    Ok(backings)
 }
 
 /// Opens the cache: from here on it is marked running until `Cache::shutdown`.
@@ -639,7 +687,7 @@ fn open_cache(
     s: &Settings,
     dev: Arc<FileDevice>,
     sb: Superblock,
-    backings: Vec<Arc<dyn BlockDevice>>,
+    backings: Vec<VolumeBacking>,
 ) -> Result<Arc<Cache>> {
     if !dev.is_direct() {
         tracing::warn!(
@@ -647,7 +695,7 @@ fn open_cache(
             s.cache.display()
         );
     }
-    let (cache, report) = Cache::open(dev, sb, backings)
+    let (cache, report) = Cache::open_volumes(dev, sb, backings)
         .with_context(|| format!("cannot open cache {}", s.cache.display()))?;
     match (&report.cold_reason, &report.recovery) {
         (_, Some(r)) => tracing::warn!(
@@ -754,12 +802,23 @@ fn serve(
 
 /// What `systemctl status` shows while serving.
 fn serving_status(cache: &Cache) -> String {
-    let volumes: Vec<String> = cache
+    let (online, offline): (Vec<_>, Vec<_>) = cache
         .volumes()
+        .iter()
+        .partition(|v| v.offline_reason().is_none());
+    let online: Vec<String> = online
         .iter()
         .map(|v| format!("'{}' ({})", v.name(), v.mode()))
         .collect();
-    format!("serving {}", volumes.join(", "))
+    let mut status = format!("serving {}", online.join(", "));
+    if !offline.is_empty() {
+        let names: Vec<String> = offline.iter().map(|v| format!("'{}'", v.name())).collect();
+        status.push_str(&format!(
+            "; OFFLINE (backing device unavailable, see the log): {}",
+            names.join(", ")
+        ));
+    }
+    status
 }
 
 fn start_serving(
@@ -792,7 +851,11 @@ fn start_serving(
     if let Some(metrics) = metrics {
         crate::metrics::spawn(metrics, cache.clone(), wear)?;
     }
-    for v in cache.volumes() {
+    for v in cache
+        .volumes()
+        .iter()
+        .filter(|v| v.offline_reason().is_none())
+    {
         tracing::info!(
             "serving volume '{}' ({}, {}) as NBD export '{}'",
             v.name(),

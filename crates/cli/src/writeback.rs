@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ssdcache_device::{identity, BlockDevice};
-use ssdcache_engine::{Cache, CleanerConfig, OpenReport};
+use ssdcache_engine::{Cache, CleanerConfig, OpenReport, VolumeState};
 use ssdcache_format::{CacheMode, Superblock};
 
 use crate::control;
@@ -237,10 +237,16 @@ fn volume_index(sb: &Superblock, given: Option<&str>) -> Result<usize> {
         })
 }
 
+/// Dirty bytes the daemon can write back: offline volumes' (no backing device) wait.
 fn dirty_of(stats: &serde_json::Value) -> u64 {
     stats["volumes"]
         .as_array()
-        .map(|vs| vs.iter().filter_map(|v| v["dirty_bytes"].as_u64()).sum())
+        .map(|vs| {
+            vs.iter()
+                .filter(|v| v["state"].as_str() != Some(VolumeState::Offline.name()))
+                .filter_map(|v| v["dirty_bytes"].as_u64())
+                .sum()
+        })
         .unwrap_or(0)
 }
 
@@ -357,13 +363,13 @@ fn flush_online(ctl: &Path, initial: u64) -> Result<()> {
     let mut progress = Progress::new(initial, "flush");
     let started = Instant::now();
     let (mut best, mut last_progress) = (u64::MAX, Instant::now());
-    loop {
+    let offline_dirty = loop {
         let stats = control::query(ctl, "stats")?
             .ok_or_else(|| anyhow::anyhow!("the daemon went away during the flush"))?;
         let left = dirty_of(&stats);
         progress.update(left);
         if left == 0 {
-            break;
+            break offline_dirty(&stats);
         }
         if left < best {
             (best, last_progress) = (left, Instant::now());
@@ -383,15 +389,38 @@ fn flush_online(ctl: &Path, initial: u64) -> Result<()> {
             return Err(interrupted(left, "ssdcache flush"));
         }
         std::thread::sleep(Duration::from_millis(200));
-    }
+    };
     // Record the clean state durably before reporting success.
     control::query(ctl, "commit")?;
     progress.finish();
     eprintln!(
-        "flush: done in {:.1} s, no dirty data left",
-        started.elapsed().as_secs_f64()
+        "flush: done in {:.1} s, no dirty data left{}",
+        started.elapsed().as_secs_f64(),
+        if offline_dirty.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " but on offline volumes ({}: kept in the cache until a restart finds their \
+                 backing devices)",
+                offline_dirty.join(", ")
+            )
+        }
     );
     Ok(())
+}
+
+/// "NAME (SIZE dirty)" for each offline volume with dirty data.
+fn offline_dirty(stats: &serde_json::Value) -> Vec<String> {
+    let Some(volumes) = stats["volumes"].as_array() else {
+        return Vec::new();
+    };
+    volumes
+        .iter()
+        .filter(|v| v["state"].as_str() == Some(VolumeState::Offline.name()))
+        .filter_map(|v| Some((v["name"].as_str()?, v["dirty_bytes"].as_u64()?)))
+        .filter(|(_, dirty)| *dirty > 0)
+        .map(|(name, dirty)| format!("'{name}' {} dirty", human(dirty)))
+        .collect()
 }
 
 pub fn detach(args: DetachArgs) -> Result<()> {
@@ -535,6 +564,9 @@ pub fn set_mode_online(cache: &Cache, name: &str, mode: &str) -> Result<serde_js
         .position(|v| v.name() == name)
         .ok_or_else(|| anyhow::anyhow!("no volume '{name}'"))?;
     let vol = &cache.volumes()[index];
+    if let Some(reason) = vol.offline_reason() {
+        bail!("volume '{name}' is offline ({reason}); restart the daemon once its backing device is back, then change its mode");
+    }
     let leaving_wb = vol.configured_mode() == CacheMode::WriteBack && mode != CacheMode::WriteBack;
     let dirty = vol.stats().dirty_bytes;
     if leaving_wb && dirty > 0 {

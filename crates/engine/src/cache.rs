@@ -658,6 +658,15 @@ fn dirty_totals(sb: &Superblock, map: &MapState) -> (u64, u64) {
     })
 }
 
+/// A volume's backing device as [`Cache::open_volumes`] takes it.
+pub enum VolumeBacking {
+    /// Opened, and proven to be the recorded device.
+    Device(Arc<dyn BlockDevice>),
+    /// Could not be opened or is not the recorded device: the volume is offline, `reason`
+    /// says why (shown in its state and in the errors of its requests).
+    Offline { reason: String },
+}
+
 impl Cache {
     /// Opens a cache whose superblock is `sb`, with `backings[i]` the device of
     /// `sb.volumes[i]` (identity already checked by the caller). Loads the checkpoint after a
@@ -665,8 +674,21 @@ impl Cache {
     /// generation holding every dirty line and marks the cache running.
     pub fn open(
         dev: Arc<dyn BlockDevice>,
-        mut sb: Superblock,
+        sb: Superblock,
         backings: Vec<Arc<dyn BlockDevice>>,
+    ) -> Result<(Cache, OpenReport)> {
+        let backings = backings.into_iter().map(VolumeBacking::Device).collect();
+        Cache::open_volumes(dev, sb, backings)
+    }
+
+    /// [`Cache::open`] where some volumes may be offline: their backing devices could not be
+    /// opened (missing, or not the recorded device). An offline volume keeps its cached and
+    /// dirty data untouched (nothing is written back, its requests fail, its lines may be
+    /// evicted only while clean) until a later open finds its device; the others serve.
+    pub fn open_volumes(
+        dev: Arc<dyn BlockDevice>,
+        mut sb: Superblock,
+        backings: Vec<VolumeBacking>,
     ) -> Result<(Cache, OpenReport)> {
         if backings.len() != sb.volumes.len() {
             return Err(format_err("one backing device per volume is needed"));
@@ -687,6 +709,14 @@ impl Cache {
                 layout.journal_blocks()
             )));
         }
+        let backings: Vec<Backing> = backings
+            .into_iter()
+            .zip(&sb.volumes)
+            .map(|(b, slot)| match b {
+                VolumeBacking::Device(dev) => Backing::new(dev),
+                VolumeBacking::Offline { reason } => Backing::offline(slot.backing.size, reason),
+            })
+            .collect();
         flush_before_reading(&*dev, &backings)?;
         let mut map = new_map(&sb)?;
         let (report, end) = match load_state(&*dev, &sb, &mut map) {
@@ -739,12 +769,7 @@ impl Cache {
             touches: TouchLog::new(),
             locks: LineLocks::new(),
             commits: Commits::new(pos, sb),
-            backings: backings
-                .iter()
-                .cloned()
-                .map(Backing::new)
-                .map(Arc::new)
-                .collect(),
+            backings: backings.into_iter().map(Arc::new).collect(),
             clock: Instant::now(),
             last_client_backing_io: AtomicU64::new(0),
             halted: AtomicBool::new(false),
@@ -1138,16 +1163,19 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
 /// commit in progress, data written through or around the cache. Served or replayed unflushed,
 /// they could be lost at the next power cut after clients saw them: a sector would read one
 /// value after this start and an older one after the cut.
-fn flush_before_reading(dev: &dyn BlockDevice, backings: &[Arc<dyn BlockDevice>]) -> Result<()> {
+/// (An offline volume's stand-in has nothing to flush.)
+fn flush_before_reading(dev: &dyn BlockDevice, backings: &[Backing]) -> Result<()> {
     dev.flush().map_err(|source| EngineError::CacheDevice {
         device: dev.describe(),
         source,
     })?;
     for backing in backings {
-        backing.flush().map_err(|source| EngineError::Backing {
-            device: backing.describe(),
-            source,
-        })?;
+        backing
+            .flush_device()
+            .map_err(|source| EngineError::Backing {
+                device: backing.describe(),
+                source,
+            })?;
     }
     Ok(())
 }

@@ -113,6 +113,21 @@ impl Default for CleanerState {
     }
 }
 
+/// A set of volume ids (slots of the superblock's table, fewer than 64).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct VolumeSet(u64);
+
+impl VolumeSet {
+    fn insert(&mut self, id: u16) {
+        if id < 64 {
+            self.0 |= 1 << id;
+        }
+    }
+    fn contains(self, id: u16) -> bool {
+        id < 64 && self.0 & (1 << id) != 0
+    }
+}
+
 /// How a batch's writes share the backing device with clients.
 ///
 /// Every pace but `ToTheEnd` belongs to the cleaner thread, and its batch ends early when the
@@ -373,18 +388,34 @@ impl Cache {
     fn plan(&self, batch_lines: usize, select: Select) -> Vec<DirtyLine> {
         // A batch of no lines would never move the sweep (review 17: a drain spun for ever).
         let batch_lines = batch_lines.max(1);
+        let offline = self.offline_volumes();
         if let Select::Coldest = select {
+            let mut map = self.core().map();
+            let mut passed = Vec::new();
             let mut lines =
-                self.core()
-                    .map()
-                    .coldest_dirty_lines(batch_lines, COLDEST_SCAN_LIMIT, &mut |_| true);
+                map.coldest_dirty_lines(batch_lines, COLDEST_SCAN_LIMIT, &mut |l: &DirtyLine| {
+                    let writable = !offline.contains(volume_of(l.key));
+                    if !writable {
+                        passed.push((l.slot, l.key));
+                    }
+                    writable
+                });
+            // An offline volume's lines go to the warm end, as unwritable ones do
+            // (`pass_over_unwritten`): otherwise they could fill every scan of the coldest.
+            for (slot, key) in passed {
+                map.pass_over_dirty(slot, key);
+            }
+            drop(map);
             lines.sort_unstable_by_key(|l| l.key);
             return lines;
         }
-        let mut want = |l: &DirtyLine| match select {
-            Select::All => true,
-            Select::DirtySince(t) => l.since <= t,
-            Select::Coldest => true,
+        let mut want = |l: &DirtyLine| {
+            !offline.contains(volume_of(l.key))
+                && match select {
+                    Select::All => true,
+                    Select::DirtySince(t) => l.since <= t,
+                    Select::Coldest => true,
+                }
         };
         let mut sweep = self.lock_sweep();
         let mut fresh = false;
@@ -795,13 +826,34 @@ impl Cache {
         self.cleaner.draining.load(Ordering::Acquire)
     }
 
+    /// The volumes that are offline (`Cache::open_volumes`): nothing of theirs is written back.
+    pub(crate) fn offline_volumes(&self) -> VolumeSet {
+        let mut set = VolumeSet::default();
+        for v in self.volumes() {
+            if v.offline_reason().is_some() {
+                set.insert(v.id());
+            }
+        }
+        set
+    }
+
+    /// Dirty lines of the volumes that are not offline: what the cleaner can write back. From
+    /// the occupancy figures, without the map's lock.
+    pub fn writable_dirty_lines(&self) -> u64 {
+        self.volumes()
+            .iter()
+            .filter(|v| v.offline_reason().is_none())
+            .map(|v| self.core().occupancy.of(v.id()).dirty_lines)
+            .sum()
+    }
+
     /// How long the oldest dirty data the cleaner can write back has been dirty, as the
     /// running cleaner last saw it (it looks about every second, between batches); `None`
     /// without dirty data or before the cleaner has looked. Takes no lock. Data dirty before
     /// the daemon started counts from the start: the metadata keeps no time.
     pub fn oldest_dirty_age(&self) -> Option<Duration> {
         let since = self.cleaner.oldest_dirty_since.load(Ordering::Relaxed);
-        if since == u64::MAX || self.dirty_lines() == 0 {
+        if since == u64::MAX || self.writable_dirty_lines() == 0 {
             return None;
         }
         let now = u64::from(self.core().now_secs());
@@ -827,11 +879,18 @@ impl Cache {
         let mut oldest: Option<u32> = None;
         let mut oldest_checked = Instant::now() - Duration::from_secs(10);
         while !self.cleaner.stop.load(Ordering::Acquire) {
+            // Dirty data of offline volumes presses on the cache, but there is nothing to do
+            // about it: with only that, the cleaner waits.
             let dirty = self.dirty_lines();
+            let writable = self.writable_dirty_lines();
             let share = dirty as f64 / line_count;
             above_high = share >= cfg.high_watermark || (above_high && share > cfg.low_watermark);
             if oldest_checked.elapsed() >= Duration::from_secs(1) {
-                oldest = self.core().map_read().oldest_dirty_since();
+                let offline = self.offline_volumes();
+                oldest = self
+                    .core()
+                    .map_read()
+                    .oldest_dirty_since(&|volume| !offline.contains(volume));
                 oldest_checked = Instant::now();
                 let published = oldest.map_or(u64::MAX, u64::from);
                 self.cleaner
@@ -842,10 +901,10 @@ impl Cache {
             let age_limit = cfg.max_age.as_secs().min(u64::from(u32::MAX)) as u32;
             let aged = oldest.is_some_and(|t| now.saturating_sub(t) >= age_limit);
             let draining = self.draining();
-            if draining && dirty == 0 {
+            if draining && writable == 0 {
                 self.request_drain(false);
             }
-            if dirty == 0 || !(draining || above_high || aged) {
+            if writable == 0 || !(draining || above_high || aged) {
                 // (The committer commits every second meanwhile.)
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -909,7 +968,7 @@ impl Cache {
     /// First every dirty sector is checked against its checksum (`verify_dirty`): if any is
     /// damaged, nothing is written back and the error names the ranges.
     pub fn drain(&self, cfg: &CleanerConfig, progress: &mut dyn FnMut(u64) -> bool) -> Result<()> {
-        let left = self.dirty_bytes();
+        let left = self.writable_dirty_bytes();
         if left > 0 {
             let damaged = self.verify_dirty(&mut |_| progress(left))?;
             if !damaged.is_empty() {
@@ -919,7 +978,7 @@ impl Cache {
         let mut stuck_rounds = 0;
         let mut busy_rounds = 0;
         loop {
-            let left = self.dirty_bytes();
+            let left = self.writable_dirty_bytes();
             if left == 0 || !progress(left) {
                 return self.commit();
             }
@@ -963,6 +1022,16 @@ impl Cache {
     /// Dirty bytes in the whole cache.
     pub fn dirty_bytes(&self) -> u64 {
         self.volumes().iter().map(|v| v.stats().dirty_bytes).sum()
+    }
+
+    /// Dirty bytes of the volumes that are not offline: what a drain writes back (an offline
+    /// volume's wait for a start that finds its backing device).
+    pub fn writable_dirty_bytes(&self) -> u64 {
+        self.volumes()
+            .iter()
+            .filter(|v| v.offline_reason().is_none())
+            .map(|v| v.stats().dirty_bytes)
+            .sum()
     }
 
     /// Stops a write-back volume from making new dirty data (its writes go through) while

@@ -42,6 +42,8 @@ pub(crate) struct Backing {
     /// Which writes run on the device now and which write-through fills wait (the order of
     /// writes that run without their lines: `backing_order.rs`).
     order: BackingOrder,
+    /// Why the volume is offline (its device could not be opened at start), or `None`.
+    offline: Option<String>,
 }
 
 impl Backing {
@@ -53,7 +55,25 @@ impl Backing {
             flushed: AtomicU64::new(0),
             flush_failed: AtomicBool::new(false),
             order: BackingOrder::new(),
+            offline: None,
         }
+    }
+
+    /// The backing of a volume whose device could not be opened: every read and write fails
+    /// (no request or write-back is meant to reach it: `Volume::check`, the cleaner's plans),
+    /// and a flush has nothing to cover, so commits of the other volumes go on.
+    pub fn offline(size: u64, reason: String) -> Backing {
+        let mut backing = Backing::new(Arc::new(OfflineDevice {
+            size,
+            reason: reason.clone(),
+        }));
+        backing.offline = Some(reason);
+        backing
+    }
+
+    /// Why the volume is offline, if it is.
+    pub fn offline_reason(&self) -> Option<&str> {
+        self.offline.as_deref()
     }
 
     /// Marks `[offset, offset + len)` as being written back by the cleaner until the returned
@@ -146,6 +166,12 @@ impl Backing {
         self.write_with(|dev| dev.write_at(data, offset))
     }
 
+    /// Flushes the device itself whatever was counted: at open, for writes of an earlier run
+    /// that may still sit in its volatile cache.
+    pub fn flush_device(&self) -> io::Result<()> {
+        self.dev.flush()
+    }
+
     /// Makes every write that returned before this call durable; no device flush when none
     /// returned since the last flush that covered them.
     pub fn flush(&self) -> io::Result<()> {
@@ -179,6 +205,47 @@ impl Backing {
     /// Whether a flush now would reach the device (a write returned since the last flush).
     pub fn has_unflushed_writes(&self) -> bool {
         self.flushed.load(Ordering::SeqCst) < self.completed.load(Ordering::SeqCst)
+    }
+}
+
+/// Stands in for the backing device of an offline volume. Nothing reaches a device that is
+/// not there: reads and writes fail, naming why it is offline, and a flush succeeds (no
+/// write of this run can have landed anywhere).
+struct OfflineDevice {
+    size: u64,
+    reason: String,
+}
+
+impl OfflineDevice {
+    fn refuse(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::NotConnected,
+            format!("the volume is offline: {}", self.reason),
+        )
+    }
+}
+
+impl BlockDevice for OfflineDevice {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<()> {
+        Err(self.refuse())
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+        Err(self.refuse())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, _: u64, _: u64) -> io::Result<bool> {
+        Err(self.refuse())
+    }
+    fn write_zeroes(&self, _: u64, _: u64) -> io::Result<()> {
+        Err(self.refuse())
+    }
+    fn describe(&self) -> String {
+        format!("(offline: {})", self.reason)
     }
 }
 

@@ -12,6 +12,10 @@ pub enum EngineError {
     Misaligned { offset: u64, length: u64 },
     #[error("volume {0} is read-only")]
     ReadOnly(String),
+    /// The volume's backing device could not be opened at start; the volume serves nothing
+    /// until a restart finds it (its cached and dirty data are kept).
+    #[error("volume {name} is offline: {reason}")]
+    VolumeOffline { name: String, reason: String },
     #[error("{0}")]
     Format(String),
     /// Dirty data in the cache fails its checksum or cannot be read; the message names it.

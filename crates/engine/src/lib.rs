@@ -26,6 +26,7 @@ mod volume;
 
 pub use cache::{
     format, format_with_journal, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport,
+    VolumeBacking,
 };
 pub use checksums::{default_checksum_memory, ChecksumUsage};
 pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};

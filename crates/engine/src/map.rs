@@ -1157,12 +1157,14 @@ impl MapState {
     /// sectors are all damaged are left out: they are never written back, and counting them
     /// kept age-based write-back asking for sweeps that found nothing (review 17: a full
     /// snapshot every 20 ms for as long as such a line was older than the maximum age).
-    pub fn oldest_dirty_since(&self) -> Option<u32> {
+    /// Lines of volumes `writable` refuses (offline ones) are left out for the same reason.
+    pub fn oldest_dirty_since(&self, writable: &dyn Fn(u16) -> bool) -> Option<u32> {
         self.slots
             .coldest_dirty()
             .filter(|&s| {
                 self.damaged.is_empty() || self.dirty_line(s, DamagedLines::Skip).is_some()
             })
+            .filter(|&s| writable(volume_of(self.key_of(s))))
             .map(|s| self.dirty_since[s as usize])
             .min()
     }
@@ -1831,7 +1833,7 @@ mod tests {
             queued.sort_unstable();
             assert_eq!(queued, dirty, "step {step}");
             let oldest = dirty.iter().map(|&s| m.dirty_since[s as usize]).min();
-            assert_eq!(m.oldest_dirty_since(), oldest, "step {step}");
+            assert_eq!(m.oldest_dirty_since(&|_| true), oldest, "step {step}");
             if step % 1000 == 999 {
                 let records = m.take_all_dirty().unwrap();
                 let mut recorded: Vec<u32> = records.iter().map(|(s, _)| *s).collect();

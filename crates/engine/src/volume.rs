@@ -89,6 +89,10 @@ pub enum VolumeState {
     /// The backing device failed a flush: writes it covered may be lost, so every FLUSH of the
     /// volume fails until the daemon restarts (reads and writes go on).
     BackingFlushFailed,
+    /// The backing device could not be opened at start (missing, or not the recorded
+    /// device): nothing is served or written back; cached and dirty data are kept for the
+    /// next start that finds it.
+    Offline,
 }
 
 impl VolumeState {
@@ -98,6 +102,7 @@ impl VolumeState {
             VolumeState::PassThroughAfterErrors => "pass-through after cache errors",
             VolumeState::CacheFailed => "cache failed, dirty data at risk",
             VolumeState::BackingFlushFailed => "backing device failed a flush, FLUSH refused",
+            VolumeState::Offline => "offline, backing device unavailable",
         }
     }
 }
@@ -259,6 +264,10 @@ impl Volume {
             _ => VolumeState::Healthy,
         }
     }
+    /// Why the volume is offline (its backing device could not be opened at start), if it is.
+    pub fn offline_reason(&self) -> Option<&str> {
+        self.backing().offline_reason()
+    }
     /// The backing device, with its writes counted against its flushes (`commit.rs`).
     pub(crate) fn backing(&self) -> &Backing {
         &self.core.backings[self.index]
@@ -367,7 +376,9 @@ impl Volume {
             bytes_cached: o.sectors * SECTOR_SIZE,
             dirty_lines: o.dirty_lines,
             dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
-            state: if self.backing().flush_failed() {
+            state: if self.offline_reason().is_some() {
+                VolumeState::Offline
+            } else if self.backing().flush_failed() {
                 VolumeState::BackingFlushFailed
             } else {
                 self.state()
@@ -378,6 +389,7 @@ impl Volume {
     /// Refuses a request past the end or misaligned, and every request once the engine halted.
     fn check(&self, offset: u64, length: u64) -> Result<()> {
         self.core.check_running()?;
+        self.check_online()?;
         if !offset.is_multiple_of(SECTOR_SIZE) || !length.is_multiple_of(SECTOR_SIZE) {
             return Err(EngineError::Misaligned { offset, length });
         }
@@ -388,6 +400,18 @@ impl Volume {
                 length,
                 size: self.size,
             }),
+        }
+    }
+
+    /// Refuses every request of an offline volume (no backing device): it is not exported,
+    /// and nothing may reach the stand-in.
+    fn check_online(&self) -> Result<()> {
+        match self.offline_reason() {
+            Some(reason) => Err(EngineError::VolumeOffline {
+                name: self.name.clone(),
+                reason: reason.to_owned(),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -462,7 +486,7 @@ impl Volume {
             VolumeState::PassThroughAfterErrors => 1,
             VolumeState::CacheFailed => 2,
             // Not states of the cache device (the backing one's is read from it directly).
-            VolumeState::Healthy | VolumeState::BackingFlushFailed => return,
+            VolumeState::Healthy | VolumeState::BackingFlushFailed | VolumeState::Offline => return,
         };
         if self.state.swap(code, Ordering::AcqRel) != code {
             let dirty = self.core.map().occupancy(self.id).dirty_sectors * SECTOR_SIZE;
@@ -1648,6 +1672,7 @@ impl Volume {
     pub fn flush(&self) -> Result<()> {
         let _timed = self.latency.timer(LatencyKind::Flush);
         self.core.check_running()?;
+        self.check_online()?;
         self.count(Counter::Flushes, 1);
         if self.backing().has_unflushed_writes() {
             // The client waits for the disk (often for the cleaner's writes): it is using

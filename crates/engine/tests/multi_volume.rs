@@ -9,38 +9,17 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{data, format_dev, identity, Rng, MIB};
+use common::{data, Rng, MIB};
 use ssdcache_device::BlockDevice;
 use ssdcache_devsim::CrashDevice;
-use ssdcache_engine::{read_superblock, write_superblock, Cache, CleanerConfig};
-use ssdcache_format::{CacheMode, VolumeSlot};
+use ssdcache_engine::{read_superblock, Cache, CleanerConfig};
 
 const LINE: u64 = 64 << 10;
 const CACHE: u64 = 16 * MIB;
 const SIZES: [u64; 2] = [32 * MIB, 24 * MIB];
 
-/// A cache with volume "a" (id 0) and volume "b" (id 1), both write-back, cutoff 0.
 fn two_volume_cache() -> (Arc<CrashDevice>, [Arc<CrashDevice>; 2]) {
-    let cache_dev = Arc::new(CrashDevice::new("cache", CACHE));
-    format_dev(&*cache_dev, LINE, CacheMode::WriteBack, SIZES[0], 0);
-    let mut sb = read_superblock(&*cache_dev).expect("superblock");
-    sb.volumes[0].name = "a".into();
-    let second = VolumeSlot {
-        id: 1,
-        uuid: [7; 16],
-        name: "b".into(),
-        backing: identity(SIZES[1]),
-        ..sb.volumes[0].clone()
-    };
-    sb.volumes.push(second);
-    sb.sequence += 1;
-    write_superblock(&*cache_dev, &sb).expect("write superblock");
-    cache_dev.flush().expect("flush");
-    let backings = [
-        Arc::new(CrashDevice::new("backing-a", SIZES[0])),
-        Arc::new(CrashDevice::new("backing-b", SIZES[1])),
-    ];
-    (cache_dev, backings)
+    common::two_volume_cache(CACHE, LINE, SIZES)
 }
 
 fn open(cache_dev: &Arc<CrashDevice>, backings: &[Arc<CrashDevice>; 2]) -> Cache {

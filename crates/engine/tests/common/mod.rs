@@ -303,3 +303,32 @@ pub fn reads_of(ops: &[Op]) -> Vec<(u64, u64)> {
         })
         .collect()
 }
+
+/// A cache of `cache` bytes with volume "a" (id 0) and volume "b" (id 1) of `sizes`, both
+/// write-back, cutoff 0, on crash-simulating devices.
+pub fn two_volume_cache(
+    cache: u64,
+    line: u64,
+    sizes: [u64; 2],
+) -> (Arc<CrashDevice>, [Arc<CrashDevice>; 2]) {
+    let cache_dev = Arc::new(CrashDevice::new("cache", cache));
+    format_dev(&*cache_dev, line, CacheMode::WriteBack, sizes[0], 0);
+    let mut sb = read_superblock(&*cache_dev).expect("superblock");
+    sb.volumes[0].name = "a".into();
+    let second = ssdcache_format::VolumeSlot {
+        id: 1,
+        uuid: [7; 16],
+        name: "b".into(),
+        backing: identity(sizes[1]),
+        ..sb.volumes[0].clone()
+    };
+    sb.volumes.push(second);
+    sb.sequence += 1;
+    ssdcache_engine::write_superblock(&*cache_dev, &sb).expect("write superblock");
+    cache_dev.flush().expect("flush");
+    let backings = [
+        Arc::new(CrashDevice::new("backing-a", sizes[0])),
+        Arc::new(CrashDevice::new("backing-b", sizes[1])),
+    ];
+    (cache_dev, backings)
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A missing backing device takes only its own volume offline (issue 12 item 1): with dirty
+# data on two write-back volumes and one disk gone after a kill -9, `serve` starts, serves the
+# others, says which volume is offline and why (log, stats, metrics), never touches the missing
+# one's data, and `flush` writes back what it can. Once the disk is back, a restart serves the
+# offline volume's data as it was and writes it back. A device given with --backing that
+# fails, or every volume missing, still refuses the start.
+source "$(dirname "$0")/lib.sh"
+require_tool qemu-io qemu-img nbdinfo jq truncate cmp curl python3
+require_bin
+MIB=$((1024 * 1024))
+mk_sparse a.img 32M
+mk_sparse b.img 32M
+mk_sparse c.img 32M
+mk_sparse cache.img 64M
+create_cache cache.img a.img --name a --mode write-back
+ssd volume add --cache cache.img --backing b.img --name b --mode write-back >/dev/null || fail "volume add b"
+ssd volume add --cache cache.img --backing c.img --name c --mode write-through >/dev/null || fail "volume add c"
+
+start_server "$TEST_DIR/nbd.sock" --cache cache.img --writeback-max-age 3600
+for v in a b c; do
+    head -c 4M /dev/urandom >"want-$v.bin"
+    qemu-io -f raw -c "write -s want-$v.bin 1M 4M" "$(nbd_uri "$SOCK" "$v")" >/dev/null || fail "write to $v"
+done
+kill -KILL "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+# b's disk is gone (a reboot without it). Its 4 MiB of dirty data are only in the cache.
+mv b.img b-away.img
+cp b-away.img b-before.img
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+start_server "$TEST_DIR/nbd.sock" --cache cache.img --writeback-max-age 3600 --metrics "127.0.0.1:$PORT"
+grep -q "volume 'b' is OFFLINE" "$SERVER_LOG" || fail "the log does not say b is offline: $(cat "$SERVER_LOG")"
+grep -q "b.img" "$SERVER_LOG" || fail "the log does not name b's missing device"
+exports=$(nbdinfo --list "nbd+unix:///?socket=$SOCK" 2>&1) || fail "nbdinfo --list: $exports"
+assert_contains "$exports" "export=\"a\"" "export a listed"
+assert_contains "$exports" "export=\"c\"" "export c listed"
+grep -q 'export="b"' <<<"$exports" && fail "offline volume b is exported: $exports"
+for v in a c; do
+    qemu-img convert -f raw -O raw "$(nbd_uri "$SOCK" "$v")" "got-$v.img" || fail "copy of $v"
+    cmp -n $((4 * MIB)) -i $MIB:0 "got-$v.img" "want-$v.bin" || fail "export $v lost data across kill -9 with b missing"
+done
+s=$(stats_json cache.img)
+assert_eq "$(vol_field "$s" b state)" "offline, backing device unavailable" "b's state in stats"
+assert_eq "$(vol_field "$s" b dirty_bytes)" $((4 * MIB)) "b's dirty data kept"
+assert_eq "$(vol_field "$s" a state)" "healthy" "a's state"
+scrape=$(curl -sf "http://127.0.0.1:$PORT/metrics") || fail "no metrics"
+assert_contains "$scrape" 'ssdcache_volume_state{volume="b",state="offline"} 1' "b offline in the metrics"
+# flush writes back a (c is write-through) and ends, telling that b's data waits.
+out=$(ssd flush --cache cache.img 2>&1) || fail "flush with b offline: $out"
+assert_contains "$out" "offline volumes" "flush names what it left"
+s=$(stats_json cache.img)
+assert_eq "$(vol_field "$s" a dirty_bytes)" 0 "a written back"
+assert_eq "$(vol_field "$s" b dirty_bytes)" $((4 * MIB)) "b's dirty data still kept"
+cmp -n $((4 * MIB)) -i $MIB:0 a.img want-a.bin || fail "a's backing file lacks its data after flush"
+stop_server
+cmp b-away.img b-before.img || fail "b's disk changed while it was away"
+
+# Refusals: a --backing given for b that fails, and every volume missing.
+expect_status 1 "a --backing that fails" "backing device of volume 'b'" \
+    "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/x.sock" --backing b=/nonexistent/b.img
+mv a.img a-away.img
+mv c.img c-away.img
+expect_status 1 "every volume missing" "backing device of volume 'a'" \
+    "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/x.sock"
+mv a-away.img a.img
+mv c-away.img c.img
+
+# The disk is back: b serves what it held and the cleaner writes it back.
+mv b-away.img b.img
+start_server "$TEST_DIR/nbd.sock" --cache cache.img --writeback-max-age 3600
+grep -q "OFFLINE" "$SERVER_LOG" && fail "a volume is still offline: $(cat "$SERVER_LOG")"
+qemu-img convert -f raw -O raw "$(nbd_uri "$SOCK" b)" got-b.img || fail "copy of b"
+cmp -n $((4 * MIB)) -i $MIB:0 got-b.img want-b.bin || fail "b lost data while offline"
+ssd flush --cache cache.img >/dev/null 2>&1 || fail "flush"
+cmp -n $((4 * MIB)) -i $MIB:0 b.img want-b.bin || fail "b's backing file lacks its data after flush"
+stop_server
