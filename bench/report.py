@@ -10,7 +10,7 @@
 Section 1 (the cache over the HDD model, issue 3) is built by hddreport.section() from
 RESULTS_DIR/hdd/; section 2 (cache-hit reads) from RESULTS_DIR/*.meta.json; section 3
 (write-back) by wbreport.section() from RESULTS_DIR/wb/; section 4 (simulator speed) by
-simreport.section(); section 5 (engine core) by engine_section() from RESULTS_DIR/engine/engine.json
+simreport.section(); section 5 (engine core, with the volumes table) by engine_section() from RESULTS_DIR/engine/engine.json
 (written by `ssdcache-bench engine`).
 """
 import glob
@@ -233,6 +233,57 @@ def engine_section(res):
               f"**{r['percent_of_cache']:.3f}%** | {r.get('checksum_bytes', 0) / 1048576:,.1f} MiB | "
               f"{r['heap_peak_bytes'] / 1048576:,.1f} MiB | {r['vmhwm_kib'] / 1024:,.1f} MiB |")
         w("")
+    out.extend(volumes_section(e.get("volumes")))
+    return out
+
+
+def volumes_section(v):
+    """Four volumes on one cache against the same cache in four partitions (issue 12)."""
+    if not v:
+        return []
+    out = []
+    w = out.append
+    n = v["volumes"]
+    w(f"### {n} volumes on one cache against {n} partitions (issue 12)")
+    w("")
+    w(f"{n} {v['mode']} volumes of {fsize(v['volume_size'])} each on memory backings, replacement policy "
+      f"{v['policy']}, admission {v['admission']}, sequential cutoff {v['sequential_cutoff'] >> 20} MiB "
+      "(`ssdcache create`'s defaults). **Shared**: one in-memory cache of "
+      f"{fsize(v['cache_size'])} ({v['shared_lines']:,} lines of {v['line_size'] >> 10} KiB) holds all "
+      f"{n} volumes, as `ssdcache volume add` makes it. **Partitioned**: {n} caches of "
+      f"{v['partition_lines']:,} lines each ({fsize(v['partition_size'])}: a quarter of the lines, each "
+      "small cache keeping its own metadata and journal), one volume each, as one cache per disk "
+      "would be. Both get the same sequence of 4 KiB reads (seed "
+      f"{v['seed']}): {v['hot_share']:.0%} go to the hot volume, uniformly over its first "
+      f"{v['hot_set_lines']:,} lines ({v['hot_set_of_shared']:.0%} of the shared cache, "
+      f"{v['hot_set_of_partition']:.1f}× a partition); the rest are spread evenly over the other "
+      f"{n - 1} volumes, uniformly over each whole volume (little reuse). Phase 1: v0 hot; phase 2: v1 "
+      "hot and v0 cold, the caches as phase 1 left them. Each phase: "
+      f"{v['warmup_requests']:,} warm-up requests, then {v['measured_requests']:,} measured; read hit "
+      "ratios from the engine's own counters (`reads`, `read_hits`). *Hot ratio*: the hot volume's "
+      "hit ratio shared over partitioned. *Warm-up*: the hot volume's hit ratio during the warm-up "
+      "(in phase 2: how fast each setup follows the new hot volume). *Lines held*: the shared "
+      "cache's lines of the hot volume and of the cold ones after the phase.")
+    w("")
+    w("| phase, hot volume | hot: shared | hot: partitioned | hot ratio | cold volumes | cold: shared | "
+      "cold: partitioned | overall: shared | overall: partitioned | overall ratio | "
+      "warm-up hot: shared / partitioned | lines held (shared): hot / cold |")
+    w("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for i, p in enumerate(v["phases"], 1):
+        sh, pa = p["shared"], p["partitioned"]
+        hot = sh["volumes"][p["hot"]]
+
+        def cold(setup):
+            return " / ".join(f"{c['hit_ratio']:.3f}" for c in setup["volumes"] if not c["hot"])
+
+        cold_lines = " + ".join(f"{c['lines_used']:,}" for c in sh["volumes"] if not c["hot"])
+        cold_names = ", ".join(c["name"] for c in sh["volumes"] if not c["hot"])
+        w(f"| {i}, {hot['name']} | {hot['hit_ratio']:.3f} | {pa['volumes'][p['hot']]['hit_ratio']:.3f} | "
+          f"**{p['hot_ratio']:.2f}×** | {cold_names} | {cold(sh)} | {cold(pa)} | {sh['overall_hit_ratio']:.3f} | "
+          f"{pa['overall_hit_ratio']:.3f} | {p['overall_ratio']:.2f}× | "
+          f"{sh['warmup_hot_hit_ratio']:.3f} / {pa['warmup_hot_hit_ratio']:.3f} | "
+          f"{hot['lines_used']:,} / {cold_lines} |")
+    w("")
     return out
 
 
@@ -251,6 +302,11 @@ def engine_summary(res):
     for r in e["metadata"]:
         print(f"engine metadata {fsize(r['cache_size'])} / {r['line_size'] >> 10} KiB lines: "
               f"{r['bytes_per_line']:.1f} B/line, {r['percent_of_cache']:.3f}% of the cache")
+    v = e.get("volumes")
+    for i, p in enumerate(v["phases"] if v else [], 1):
+        print(f"engine volumes phase {i} (hot {p['shared']['volumes'][p['hot']]['name']}): hot hit ratio "
+              f"shared {p['shared']['volumes'][p['hot']]['hit_ratio']:.3f}, partitioned "
+              f"{p['partitioned']['volumes'][p['hot']]['hit_ratio']:.3f}, {p['hot_ratio']:.2f}x")
 
 
 def main():

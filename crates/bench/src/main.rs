@@ -2,8 +2,8 @@
 //! how fast the cleaner destages dirty data onto the HDD model (against a naive one-at-a-time
 //! destage in arrival order), and how long recovery after a crash takes for a cache full of
 //! dirty data. Prints one JSON object. `engine`: the engine core alone — write admission with
-//! free slots and with every line dirty, cache-hit reads by thread count, metadata per line
-//! (see engine_bench/mod.rs). And `nbd-load`/`nbd-verify`: a verifying NBD load generator for a
+//! free slots and with every line dirty, cache-hit reads by thread count, metadata per line,
+//! four volumes on one cache against four partitions (see engine_bench/mod.rs). And `nbd-load`/`nbd-verify`: a verifying NBD load generator for a
 //! running `ssdcache serve` (see nbd_load/mod.rs).
 
 mod engine_bench;

@@ -6,11 +6,14 @@
 //!   backing-device time and the rest (the engine's own work).
 //! * **hits** — cache-hit reads per second from T threads on an in-memory cache.
 //! * **metadata** — heap bytes the engine holds per cache line at full occupancy.
+//! * **volumes** — four volumes (one hot, three cold) sharing one cache against the same cache
+//!   split into four fixed partitions: each volume's read hit ratio (issue 12).
 
 pub mod alloc;
 mod cases;
 mod report;
 mod timed;
+mod volumes;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,6 +30,7 @@ pub enum Part {
     Admit,
     Hits,
     Metadata,
+    Volumes,
 }
 
 /// One cache of the metadata measurement: its size and line size.
@@ -39,7 +43,8 @@ pub struct MetaCase {
 #[derive(Args)]
 #[command(
     about = "The engine core alone (no NBD): write admission with free slots and with every \
-             line dirty, cache-hit reads per second by thread count, metadata bytes per line",
+             line dirty, cache-hit reads per second by thread count, metadata bytes per line, \
+             hit ratios of four volumes on one cache against four partitions",
     long_about = "The engine core alone, through its public API (no NBD, no cleaner).\n\n\
 admit: for each --sizes, a write-back cache on a sparse file in --tmp (backing: a sparse file \
 twice its size, both O_DIRECT). Times --writes single 4 KiB writes to lines not in the cache \
@@ -59,6 +64,16 @@ up to --dirty-limit and the rest clean); \
 the heap bytes it holds (a counting allocator: live after the fill minus live before the \
 format) per line and as a share of the cache size, plus VmRSS/VmHWM for reference. A case \
 that admit already filled (same size and line size) is taken from there.\n\n\
+volumes: four write-through volumes on memory backings, each 16 x --volumes-cache-size, with \
+the default sequential cutoff (4 MiB), --policy and --volumes-admission. Shared: one in-memory \
+cache of --volumes-cache-size holds all four. Partitioned: four in-memory caches of a quarter \
+of its lines each (a little over a quarter of its bytes: each keeps its own metadata and \
+journal), one volume each. Both get the same 4 KiB reads (--seed): --volumes-hot-share of them to \
+the hot volume, uniform over its first --volumes-hot-set of the shared cache's lines, the rest \
+spread evenly over the three cold volumes, uniform over each whole volume. Phase 1: v0 hot; \
+phase 2: v1 hot, v0 cold, the caches as phase 1 left them. Each phase: 10 x the shared cache's \
+lines of warm-up requests, then 20 x of measured ones. Prints each volume's read hit ratio \
+(the engine's counters) in both setups and the hot volume's shared/partitioned ratio.\n\n\
 Prints one table per measurement; --json FILE also writes them for bench/report.py. Sizes \
 take the units KiB, MiB, GiB, TiB (K, M, G, T are the same, powers of two). Scratch files \
 are removed afterwards (a killed run leaves them in --tmp/ssdcache-engine-bench.PID).\n\n\
@@ -70,7 +85,7 @@ pub struct EngineArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "admit,hits,metadata"
+        default_value = "admit,hits,metadata,volumes"
     )]
     pub only: Vec<Part>,
     /// admit: cache sizes, comma-separated (the sparse files grow by one 4 KiB block per line)
@@ -126,7 +141,23 @@ pub struct EngineArgs {
     /// Also write the results as JSON here
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Seed of the hits measurement's random offsets
+    /// volumes: size of the shared in-memory cache (at least 64MiB); each partition holds a
+    /// quarter of its lines
+    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    pub volumes_cache_size: u64,
+    /// volumes: cache line size
+    #[arg(long, value_parser = parse_size, default_value = "64KiB")]
+    pub volumes_line_size: u64,
+    /// volumes: the share of reads that go to the hot volume
+    #[arg(long, default_value_t = 0.7, value_parser = parse_share)]
+    pub volumes_hot_share: f64,
+    /// volumes: the hot volume's working set, as a share of the shared cache's lines
+    #[arg(long, default_value_t = 0.6, value_parser = parse_share)]
+    pub volumes_hot_set: f64,
+    /// volumes: every volume's admission (`always` or `N-hit`)
+    #[arg(long, default_value_t = ssdcache_engine::admission::DEFAULT_ADMISSION)]
+    pub volumes_admission: ssdcache_engine::admission::Admission,
+    /// Seed of the hits measurement's random offsets and of the volumes measurement's requests
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
@@ -240,12 +271,7 @@ pub fn open_cache(
     policy: &str,
     sequential_cutoff: u64,
 ) -> Result<Cache> {
-    let policy = ssdcache_engine::policy::id_of(policy).with_context(|| {
-        format!(
-            "unknown policy {policy:?}; choose from: {}",
-            ssdcache_engine::policy::names().join(", ")
-        )
-    })?;
+    let policy = policy_id(policy)?;
     format(
         &*cache_dev,
         line_size,
@@ -261,6 +287,16 @@ pub fn open_cache(
     .with_context(|| format!("cannot format {}", cache_dev.describe()))?;
     let sb = read_superblock(&*cache_dev)?;
     Ok(Cache::open(cache_dev, sb, vec![backing])?.0)
+}
+
+/// The id of the replacement policy named `policy`.
+pub fn policy_id(policy: &str) -> Result<u32> {
+    ssdcache_engine::policy::id_of(policy).with_context(|| {
+        format!(
+            "unknown policy {policy:?}; choose from: {}",
+            ssdcache_engine::policy::names().join(", ")
+        )
+    })
 }
 
 /// The value of the volume counter `name` (see `VolumeCounters::NAMES`).
@@ -303,8 +339,23 @@ pub fn run(a: &EngineArgs) -> Result<()> {
             metadata.push(row);
         }
     }
+    let volumes = if a.only.contains(&Part::Volumes) {
+        let v = volumes::volumes(&volumes::Workload::of(a))?;
+        report::print_volumes(&v);
+        Some(v)
+    } else {
+        None
+    };
     if let Some(path) = &a.json {
-        report::write_json(path, a, cpus, &admit, hits.as_ref(), &metadata)?;
+        report::write_json(
+            path,
+            a,
+            cpus,
+            &admit,
+            hits.as_ref(),
+            &metadata,
+            volumes.as_ref(),
+        )?;
     }
     Ok(())
 }

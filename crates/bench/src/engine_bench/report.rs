@@ -5,6 +5,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::cases::{gib, AdmitRow, HitsResult, MetadataRow};
+use super::volumes::{SetupPhase, VolumesResult};
 use super::EngineArgs;
 
 pub fn print_admit(rows: &[AdmitRow], header: bool) {
@@ -102,6 +103,85 @@ pub fn print_metadata(rows: &[MetadataRow], header: bool) {
     }
 }
 
+pub fn print_volumes(v: &VolumesResult) {
+    println!(
+        "\nvolumes: {} {} volumes of {} MiB, policy {}, admission {}, cutoff {} MiB; 4 KiB reads, \
+         {:.0}% to the hot volume (uniform over {} lines: {:.0}% of the shared cache, {:.1}x a \
+         partition), the rest uniform over the three cold volumes",
+        v.volumes,
+        v.mode,
+        v.volume_size >> 20,
+        v.policy,
+        v.admission,
+        v.sequential_cutoff >> 20,
+        v.hot_share * 100.0,
+        v.hot_set_lines,
+        v.hot_set_of_shared * 100.0,
+        v.hot_set_of_partition
+    );
+    println!(
+        "         shared: one {} cache of {} lines of {} KiB; partitioned: {} caches of {} lines; \
+         per phase {} warm-up + {} measured requests, seed {}",
+        gib(v.cache_size),
+        v.shared_lines,
+        v.line_size >> 10,
+        v.volumes,
+        v.partition_lines,
+        v.warmup_requests,
+        v.measured_requests,
+        v.seed
+    );
+    println!(
+        "{:>6} {:>6} | {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} | {:>6}",
+        "phase", "hot", "hot", "cold", "cold", "cold", "overall", "warm-up", "hot", "cold", "cold",
+        "cold", "overall", "warm-up", "hot"
+    );
+    println!(
+        "{:>6} {:>6} | {:^53} | {:^53} | {:>6}",
+        "", "", "shared: read hit ratio", "partitioned: read hit ratio", "ratio"
+    );
+    for (i, p) in v.phases.iter().enumerate() {
+        let cols = |s: &SetupPhase| {
+            let hot = &s.volumes[p.hot];
+            let mut text = format!("{:>8.3}", hot.hit_ratio);
+            for c in s.volumes.iter().filter(|c| !c.hot) {
+                text += &format!(" {:>8.3}", c.hit_ratio);
+            }
+            text + &format!(
+                " {:>8.3} {:>9.3}",
+                s.overall_hit_ratio, s.warmup_hot_hit_ratio
+            )
+        };
+        println!(
+            "{:>6} {:>6} | {} | {} | {:>6.2}",
+            i + 1,
+            p.shared.volumes[p.hot].name,
+            cols(&p.shared),
+            cols(&p.partitioned),
+            p.hot_ratio
+        );
+    }
+    for (i, p) in v.phases.iter().enumerate() {
+        let used = |s: &SetupPhase| {
+            s.volumes
+                .iter()
+                .map(|u| format!("{} {}", u.name, u.lines_used))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "  lines held after phase {}: shared {}; partitioned {}",
+            i + 1,
+            used(&p.shared),
+            used(&p.partitioned)
+        );
+    }
+    println!(
+        "  wall time: shared {:.1} s, partitioned {:.1} s (side by side, one thread each)",
+        v.shared_secs, v.partitioned_secs
+    );
+}
+
 pub fn write_json(
     path: &Path,
     a: &EngineArgs,
@@ -109,6 +189,7 @@ pub fn write_json(
     admit: &[AdmitRow],
     hits: Option<&HitsResult>,
     metadata: &[MetadataRow],
+    volumes: Option<&VolumesResult>,
 ) -> Result<()> {
     let out = serde_json::json!({
         "cpus": cpus,
@@ -119,6 +200,7 @@ pub fn write_json(
         "admit": admit,
         "hits": hits,
         "metadata": metadata,
+        "volumes": volumes,
     });
     let text = serde_json::to_string_pretty(&out)?;
     std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
