@@ -25,6 +25,7 @@
 //! io_timeout = 30                    # seconds for a started request to arrive, a reply to leave
 //! idle_timeout = 0                   # close connections idle this long; 0 = never
 //! shutdown_timeout = 30              # seconds SIGTERM waits for requests in flight
+//! backing_wait = 30                  # seconds to wait for a missing backing device
 //!
 //! [backing]                          # where a volume's backing device is now, if it moved
 //! sdb = "/dev/disk/by-id/ata-WDC_WD40EFRX-1234"
@@ -74,6 +75,7 @@ pub struct FileConfig {
     pub io_timeout: Option<u64>,
     pub idle_timeout: Option<u64>,
     pub shutdown_timeout: Option<u64>,
+    pub backing_wait: Option<u64>,
     #[serde(default)]
     pub backing: BTreeMap<String, PathBuf>,
     /// The cache's replacement policy.

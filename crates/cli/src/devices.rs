@@ -6,10 +6,12 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ssdcache_device::{identity, BlockDevice, FileDevice, OpenOptions};
 use ssdcache_engine::superblock::{read_superblock_copies, SuperblockRead};
+use ssdcache_engine::VolumeBacking;
 use ssdcache_format::{Superblock, VolumeSlot};
 
 use crate::size::human;
@@ -155,16 +157,12 @@ pub fn open_backing(
         .unwrap_or_else(|| PathBuf::from(&slot.backing.path));
     let what = format!("backing device of volume '{}'", slot.name);
     let dev = open_device(&path, &what, true, true).map_err(|e| {
-        let missing = e.chain().any(|c| {
-            c.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
-        });
-        if missing {
-            anyhow::anyhow!(
+        if is_absent(&e) {
+            anyhow::Error::new(AbsentDevice(format!(
                 "{e:#}; if the disk moved, point to it with --backing {}=PATH.{}",
                 slot.name,
                 at_risk()
-            )
+            )))
         } else {
             anyhow::anyhow!("{e:#}{}", at_risk())
         }
@@ -173,7 +171,7 @@ pub fn open_backing(
         .with_context(|| format!("cannot identify {}", path.display()))?;
     if let Some(why) = identity::mismatch(&slot.backing, &found) {
         let at_risk = at_risk();
-        bail!(
+        return Err(anyhow::Error::new(WrongDevice(format!(
             "refusing to serve volume '{}': {} is not the backing device this cache was created for ({why}). \
              Point to the right device with --backing {}=PATH.{}",
             slot.name,
@@ -185,9 +183,70 @@ pub fn open_backing(
                 " If the cache really belongs to this device now, re-create it with `ssdcache create --force` \
                  (the cache holds no dirty data, so nothing is lost)".to_owned()
             }
-        );
+        ))));
     }
     Ok(dev)
+}
+
+/// A backing device that is there but is not the one recorded at create.
+#[derive(Debug)]
+pub struct WrongDevice(String);
+
+/// No device at a backing device's path (a disk missing after a reboot, or appearing late).
+#[derive(Debug)]
+pub struct AbsentDevice(String);
+
+impl std::fmt::Display for WrongDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Display for AbsentDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WrongDevice {}
+impl std::error::Error for AbsentDevice {}
+
+/// Whether an open failed because nothing is at the path: ENOENT, or a device node without
+/// its device (ENXIO, ENODEV, ENOMEDIUM).
+fn is_absent(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            io.kind() == std::io::ErrorKind::NotFound
+                || matches!(
+                    io.raw_os_error(),
+                    Some(libc::ENXIO | libc::ENODEV | libc::ENOMEDIUM)
+                )
+        })
+    })
+}
+
+/// Why opening a volume's backing device failed, as far as taking the volume offline goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unavailable {
+    /// No device at the path (ENOENT, ENXIO, ENODEV, ENOMEDIUM): a disk missing after a
+    /// reboot, or appearing late.
+    Absent,
+    /// Another device at the path: never written, the volume waits for the right one.
+    Wrong,
+    /// Anything else (in use, mounted, locked by another process, permissions, I/O): the
+    /// start is refused, as for one volume. Serving the others while, say, the disk is mounted
+    /// elsewhere would invite writes behind the cache's back (review 35).
+    Refused,
+}
+
+fn unavailable(e: &anyhow::Error) -> Unavailable {
+    if e.downcast_ref::<WrongDevice>().is_some() {
+        Unavailable::Wrong
+    } else if e.downcast_ref::<AbsentDevice>().is_some() {
+        Unavailable::Absent
+    } else {
+        Unavailable::Refused
+    }
 }
 
 /// Opens every volume's backing device (at `overrides`' path where one is given, else the
@@ -203,6 +262,109 @@ pub fn open_backings(
         .enumerate()
         .map(|(i, v)| open_backing(v, overrides, &|| dirty(i)))
         .collect()
+}
+
+/// Opens every volume's backing device as [`open_backings`] does, except that a volume whose
+/// recorded device is absent (a disk missing after a reboot) or is another device is offline:
+/// logged as an error, its cached and dirty data kept, while the others are used
+/// (docs/design.md §5.1). An absent device is waited for first, up to `wait`, retried every
+/// second (disks may appear after the daemon starts), when another volume's device opened.
+/// Refused outright, with the first error:
+/// any other failure (in use, mounted, permissions), a device whose volume `required` names
+/// (given on the command line: the user asked for that one), and every volume failing.
+pub fn open_backings_allowing_offline(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    overrides: &BTreeMap<String, PathBuf>,
+    required: &dyn Fn(&str) -> bool,
+    wait: Duration,
+) -> Result<Vec<VolumeBacking>> {
+    let dirty = std::cell::OnceCell::new();
+    let dirty_of = |i: usize| {
+        let all = dirty.get_or_init(|| dirty_per_volume(dev, sb));
+        all.get(i).copied().unwrap_or(0)
+    };
+    let deadline = Instant::now() + wait;
+    let mut opened: Vec<Option<Result<Arc<dyn BlockDevice>>>> =
+        sb.volumes.iter().map(|_| None).collect();
+    let mut waiting_said = false;
+    loop {
+        let mut absent = Vec::new();
+        for (i, slot) in sb.volumes.iter().enumerate() {
+            if matches!(opened[i], Some(Ok(_))) {
+                continue;
+            }
+            opened[i] = match open_backing(slot, overrides, &|| dirty_of(i)) {
+                Ok(d) => Some(Ok(d)),
+                Err(e) if required(&slot.name) || unavailable(&e) == Unavailable::Refused => {
+                    return Err(e)
+                }
+                Err(e) => {
+                    if unavailable(&e) == Unavailable::Absent {
+                        absent.push(slot.name.as_str());
+                    }
+                    Some(Err(e))
+                }
+            };
+        }
+        // With nothing opened there is nothing to serve: fail at once, as for one volume (a
+        // service manager retries); the wait is for serving some volumes without others.
+        let none_opened = !opened.iter().any(|o| matches!(o, Some(Ok(_))));
+        if absent.is_empty() || none_opened || Instant::now() >= deadline {
+            break;
+        }
+        if !waiting_said {
+            tracing::warn!(
+                "backing device of volume {} not found; waiting up to {} s for it to appear \
+                 (--backing-wait)",
+                absent
+                    .iter()
+                    .map(|n| format!("'{n}'"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                wait.as_secs()
+            );
+            waiting_said = true;
+        }
+        std::thread::sleep(
+            Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now())),
+        );
+    }
+    let mut backings = Vec::new();
+    let mut first_error = None;
+    for result in opened.into_iter().flatten() {
+        match result {
+            Ok(d) => backings.push(VolumeBacking::Device(d)),
+            Err(e) => {
+                backings.push(VolumeBacking::Offline {
+                    reason: format!("{e:#}"),
+                });
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let served = backings
+        .iter()
+        .filter(|b| matches!(b, VolumeBacking::Device(_)))
+        .count();
+    if let (0, Some(e)) = (served, first_error) {
+        return Err(e);
+    }
+    for (i, (slot, b)) in sb.volumes.iter().zip(&backings).enumerate() {
+        if let VolumeBacking::Offline { reason } = b {
+            tracing::error!(
+                "volume '{}' is OFFLINE (not served, nothing written back): {}. Its cached \
+                 and dirty data ({}) stay in the cache, untouched, until a start finds its \
+                 device (restart the daemon once it is back); the other volumes are used. Do \
+                 not write to the disk meanwhile: the cache's copy of its data would hide \
+                 those writes",
+                slot.name,
+                reason.trim_end_matches('.'),
+                human(dirty_of(i))
+            );
+        }
+    }
+    Ok(backings)
 }
 
 /// Dirty bytes of each volume as the cache's metadata records them (journal replayed after

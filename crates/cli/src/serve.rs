@@ -24,7 +24,7 @@ use ssdcache_trace::Op;
 
 use crate::config::{FileConfig, SizeValue};
 use crate::control;
-use crate::devices::{dirty_per_volume, open_backing, open_cache_device, parse_backing};
+use crate::devices::{open_backings_allowing_offline, open_cache_device, parse_backing};
 use crate::notify::Notifier;
 use crate::signals::StopEvents;
 use crate::size::{human, parse_size};
@@ -74,11 +74,18 @@ pub struct ServeArgs {
     #[arg(long)]
     emulate_hdd: bool,
     /// Where a volume's backing device is now, if not at its recorded path (repeatable). A
-    /// device named here that cannot be opened or is not the recorded one refuses the start;
-    /// a volume whose recorded device fails so is offline instead (not served, its data kept
-    /// in the cache) while the others serve, unless every volume fails
+    /// device named here that cannot be opened or is not the recorded one refuses the start.
+    /// A volume whose recorded device (or the config file's [backing] one) is absent or is
+    /// another device is offline instead (not served, its data kept in the cache) while the
+    /// others serve, unless every volume fails; any other failure (in use, mounted,
+    /// permissions) refuses the start
     #[arg(long, value_name = "NAME=PATH", value_parser = parse_backing)]
     backing: Vec<(String, PathBuf)>,
+    /// Seconds to wait, retrying every second, for a backing device that is absent at start
+    /// (disks may appear after the daemon starts) before its volume goes offline while the
+    /// others serve. With no volume's device there, the start fails at once [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    backing_wait: Option<u64>,
     /// Write-back: share of the cache's lines dirty at which the cleaner writes back every
     /// dirty line (at full depth while clients leave the disk idle, a trickle while they use
     /// it) [default: 50]
@@ -176,6 +183,10 @@ struct Settings {
     ssd_tbw: Option<f64>,
     read_only: bool,
     backing: BTreeMap<String, PathBuf>,
+    /// Volumes whose device was given on the command line: one that fails refuses the start.
+    backing_required: std::collections::BTreeSet<String>,
+    /// `--backing-wait`: how long an absent backing device is waited for.
+    backing_wait: Duration,
     emulate_hdd: bool,
     cleaner: CleanerConfig,
     /// Share of lines that may be dirty (`Cache::set_dirty_limit`).
@@ -212,6 +223,8 @@ fn settings(args: ServeArgs) -> Result<Settings> {
             "no cache given: use --cache PATH or `cache = \"PATH\"` in the config file",
         ));
     };
+    let backing_required = args.backing.iter().map(|(name, _)| name.clone()).collect();
+    let backing_wait = Duration::from_secs(args.backing_wait.or(file.backing_wait).unwrap_or(30));
     let mut backing = file.backing;
     backing.extend(args.backing);
     let defaults = CleanerConfig::default();
@@ -264,6 +277,8 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         ssd_tbw: args.ssd_tbw.or(file.ssd_tbw),
         read_only: args.read_only || file.read_only.unwrap_or(false),
         backing,
+        backing_required,
+        backing_wait,
         emulate_hdd: args.emulate_hdd,
         tuning,
         record,
@@ -629,57 +644,23 @@ fn check_backing_names(backing: &BTreeMap<String, PathBuf>, sb: &Superblock) -> 
 }
 
 /// Opens every volume's backing device, checked as every command checks it, behind the HDD
-/// model when `--emulate-hdd` asks for it. A volume whose recorded device cannot be opened or
-/// is not the recorded one (a disk missing after a reboot) is offline: logged as an error, not
-/// served, its cached and dirty data kept, while the others serve. Refused outright: a device
-/// given with `--backing NAME=PATH` that fails (the user asked for that one), and every volume
-/// failing (nothing to serve; the first error is returned).
+/// model when `--emulate-hdd` asks for it; a volume whose recorded device fails is offline
+/// (`devices::open_backings_allowing_offline`).
 fn open_backings_to_serve(
     s: &Settings,
     dev: &dyn BlockDevice,
     sb: &Superblock,
 ) -> Result<Vec<VolumeBacking>> {
-    let dirty = std::cell::OnceCell::new();
-    let dirty_of = |i: usize| {
-        let all = dirty.get_or_init(|| dirty_per_volume(dev, sb));
-        all.get(i).copied().unwrap_or(0)
-    };
-    let mut backings = Vec::new();
-    let mut first_error = None;
-    for (i, slot) in sb.volumes.iter().enumerate() {
-        match open_backing(slot, &s.backing, &|| dirty_of(i)) {
-            Ok(d) => backings.push(VolumeBacking::Device(with_hdd_model(d, s.emulate_hdd))),
-            Err(e) if s.backing.contains_key(&slot.name) => return Err(e),
-            Err(e) => {
-                let reason = format!("{e:#}");
-                backings.push(VolumeBacking::Offline {
-                    reason: reason.clone(),
-                });
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    let opened = backings
-        .iter()
-        .filter(|b| matches!(b, VolumeBacking::Device(_)))
-        .count();
-    if let (0, Some(e)) = (opened, first_error) {
-        return Err(e);
-    }
-    for (i, (slot, b)) in sb.volumes.iter().zip(&backings).enumerate() {
-        if let VolumeBacking::Offline { reason } = b {
-            tracing::error!(
-                "volume '{}' is OFFLINE and not served: {}. The other volumes are served; \
-                 this one's cached and dirty data ({}) stay in the cache, untouched, until a \
-                 start finds its device (restart the daemon once it is back). Do not write to \
-                 the disk meanwhile: the cache's copy of its data would hide those writes",
-                slot.name,
-                reason.trim_end_matches('.'),
-                human(dirty_of(i))
-            );
-        }
-    }
-    Ok(backings)
+    let required = |name: &str| s.backing_required.contains(name);
+    Ok(
+        open_backings_allowing_offline(dev, sb, &s.backing, &required, s.backing_wait)?
+            .into_iter()
+            .map(|b| match b {
+                VolumeBacking::Device(d) => VolumeBacking::Device(with_hdd_model(d, s.emulate_hdd)),
+                offline => offline,
+            })
+            .collect(),
+    )
 }
 
 /// Opens the cache: from here on it is marked running until `Cache::shutdown`.

@@ -1,8 +1,10 @@
-//! `ssdcache volume add`: another backing device on an existing cache, offline. The cache's
-//! lines stay one pool ranked by one policy, so whichever volume is hot gets the space; the new
-//! volume is served as its own NBD export at the next `serve`. Only the superblock changes
-//! (a free volume slot filled, both copies written in turn): no line record names the new
-//! volume's id, since no volume was ever removed from a slot (removal is not built yet).
+//! `ssdcache volume add` and `remove`, on a stopped cache. The cache's lines stay one pool
+//! ranked by one policy, so whichever volume is hot gets the space; a new volume is served as
+//! its own NBD export at the next `serve`. Adding changes only the superblock (a free volume
+//! slot filled, both copies written in turn). A slot freed by `remove` may be filled again:
+//! `remove` drops every line of its volume before the slot goes (`Cache::empty_volume`), and
+//! `add` checks, before it writes anything, that the cache's metadata names no line under the
+//! slot's id, so a new volume can never be served a removed one's data.
 
 use std::path::PathBuf;
 
@@ -21,6 +23,32 @@ use crate::ModeArg;
 pub enum VolumeCommand {
     /// Add a backing device to a stopped cache as a new volume (its own NBD export)
     Add(AddArgs),
+    /// Remove a volume from a stopped cache, writing its dirty data back first
+    #[command(
+        long_about = "Removes a volume from a stopped cache. Its dirty data is written \
+back to its backing device first, with progress (Ctrl-C stops; what was written back stays \
+clean, and running it again resumes); then every line it holds in the cache is dropped and its \
+slot is freed. Afterwards its backing device holds all of its data and can be used without \
+ssdcache. The other volumes are untouched and stay warm.\n\n\
+Refused while a daemon serves the cache (stop it first), for the cache's only volume (use \
+`ssdcache detach`), after an unclean stop (start and stop `serve` once), and when the volume \
+holds dirty data its backing device is missing for (bring it back, or `ssdcache recover` onto a \
+replacement first). Other volumes whose devices are missing are left offline and untouched."
+    )]
+    Remove(RemoveArgs),
+}
+
+#[derive(Args)]
+pub struct RemoveArgs {
+    /// Cache device or file made by `ssdcache create` (stopped: no daemon may hold it)
+    #[arg(long, value_name = "PATH")]
+    cache: PathBuf,
+    /// The volume to remove (its name, as `ssdcache info` lists it)
+    #[arg(long)]
+    name: String,
+    /// Where a volume's backing device is now, if not at its recorded path (repeatable)
+    #[arg(long, value_name = "NAME=PATH", value_parser = crate::devices::parse_backing)]
+    backing: Vec<(String, PathBuf)>,
 }
 
 #[derive(Args)]
@@ -49,6 +77,9 @@ pub struct AddArgs {
 pub fn run(command: VolumeCommand) -> Result<()> {
     match command {
         VolumeCommand::Add(args) => add(args),
+        VolumeCommand::Remove(args) => {
+            crate::writeback::remove_volume(&args.cache, &args.name, &args.backing)
+        }
     }
 }
 
@@ -116,6 +147,7 @@ fn add(args: AddArgs) -> Result<()> {
         dirty_bytes: 0,
     });
     sb.volumes.sort_by_key(|v| v.id);
+    refuse_stale_lines(&*cache, &sb, id)?;
     sb.sequence += 1;
     ssdcache_engine::write_superblock(&*cache, &sb)
         .with_context(|| format!("cannot write the superblock of {}", args.cache.display()))?;
@@ -130,5 +162,30 @@ fn add(args: AddArgs) -> Result<()> {
         sb.volumes.len()
     );
     println!("next: ssdcache serve --cache {}", args.cache.display());
+    Ok(())
+}
+
+/// Refuses a slot id that a line record of the cache's metadata still names (left by a removed
+/// volume whose lines were not all dropped): the new volume would be served its data.
+fn refuse_stale_lines(
+    cache: &dyn BlockDevice,
+    sb: &ssdcache_format::Superblock,
+    id: u16,
+) -> Result<()> {
+    let stats = ssdcache_engine::offline_stats(cache, sb)
+        .context("cannot read the cache's metadata to check the new volume's slot")?;
+    let held = sb
+        .volumes
+        .iter()
+        .zip(&stats)
+        .find(|(v, _)| v.id == id)
+        .map_or(0, |(_, s)| s.lines_used);
+    if held > 0 {
+        bail!(
+            "the cache's metadata still names {held} lines under volume slot {id} (left by a \
+             removed volume); nothing was changed. Start and stop `ssdcache serve` once, or \
+             report this with the output of `ssdcache info`"
+        );
+    }
     Ok(())
 }

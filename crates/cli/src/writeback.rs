@@ -12,11 +12,12 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ssdcache_device::{identity, BlockDevice};
 use ssdcache_engine::{Cache, CleanerConfig, OpenReport, VolumeState};
-use ssdcache_format::{CacheMode, Superblock};
+use ssdcache_format::{CacheMode, CacheState, Superblock};
 
 use crate::control;
 use crate::devices::{
-    open_backing, open_backings, open_cache_device, open_device, parse_backing, read_cache,
+    open_backing, open_backings, open_backings_allowing_offline, open_cache_device, open_device,
+    parse_backing, read_cache,
 };
 use crate::size::human;
 use crate::ModeArg;
@@ -421,6 +422,110 @@ fn offline_dirty(stats: &serde_json::Value) -> Vec<String> {
         .filter(|(_, dirty)| *dirty > 0)
         .map(|(name, dirty)| format!("'{name}' {} dirty", human(dirty)))
         .collect()
+}
+
+/// `ssdcache volume remove`: writes back the volume's dirty data (with progress; Ctrl-C stops
+/// it, keeping what was written back), drops every line of it, stops the cache cleanly, then
+/// takes its slot out of the superblock. The other volumes stay as they were, warm; one whose
+/// device is missing is left offline and untouched.
+pub fn remove_volume(cache_path: &Path, name: &str, overrides: &[(String, PathBuf)]) -> Result<()> {
+    let sb = read_sb(cache_path)?;
+    check_backing_names(&sb, overrides)?;
+    let index = sb
+        .volumes
+        .iter()
+        .position(|v| v.name == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
+            crate::usage_error(format!(
+                "the cache has no volume '{name}' (its volumes: {})",
+                known.join(", ")
+            ))
+        })?;
+    if sb.volumes.len() == 1 {
+        return Err(crate::usage_error(format!(
+            "'{name}' is the cache's only volume; to stop using the cache for it, run `ssdcache \
+             detach --cache {}` (writes its dirty data back and leaves the disk usable alone)",
+            cache_path.display()
+        )));
+    }
+    if ask_daemon(&sb, &None, "info")?.is_some() {
+        bail!(
+            "a daemon is serving {}; stop it first, then run `ssdcache volume remove` again \
+             (removing a volume while serving is not built yet)",
+            cache_path.display()
+        );
+    }
+    // Locked from here on: no daemon or other command can open the cache meanwhile.
+    let (dev, sb) = open_cache_device(cache_path)?;
+    if sb.state == CacheState::Running {
+        bail!(
+            "cache {} was not stopped cleanly: start `ssdcache serve` once and stop it, so its \
+             journal is replayed, then remove the volume",
+            cache_path.display()
+        );
+    }
+    // Other volumes' devices may be missing (they stay offline and untouched); one named with
+    // --backing must open. The removed volume's own is checked by `empty_here`.
+    let required = |name: &str| overrides.iter().any(|(n, _)| n == name);
+    let backings = open_backings_allowing_offline(
+        &*dev,
+        &sb,
+        &overrides.iter().cloned().collect(),
+        &required,
+        Duration::ZERO,
+    )?;
+    let removed = sb.volumes[index].clone();
+    let (cache, _) = Cache::open_volumes(dev.clone(), sb, backings)
+        .with_context(|| format!("cannot open cache {}", cache_path.display()))?;
+    let emptied = empty_here(&cache, index, name);
+    let closed = cache.shutdown();
+    drop(cache);
+    emptied?;
+    closed?;
+    // The checkpoint just written names no line of the volume: only now may its slot go.
+    let mut sb = ssdcache_engine::read_superblock(&*dev)
+        .with_context(|| format!("cannot read the superblock of {}", cache_path.display()))?;
+    sb.volumes.retain(|v| v.id != removed.id);
+    sb.sequence += 1;
+    ssdcache_engine::write_superblock(&*dev, &sb)
+        .with_context(|| format!("cannot write the superblock of {}", cache_path.display()))?;
+    eprintln!(
+        "volume remove: volume '{name}' removed from cache {}; its backing device {} holds all \
+         of its data and is no longer used by the cache; {} volumes left",
+        cache_path.display(),
+        removed.backing.path,
+        sb.volumes.len()
+    );
+    Ok(())
+}
+
+/// Writes back and drops a volume's lines (`Cache::empty_volume`), with progress.
+fn empty_here(cache: &Cache, index: usize, name: &str) -> Result<()> {
+    let stop = interrupt_flag()?;
+    let vol = &cache.volumes()[index];
+    let dirty = vol.stats().dirty_bytes;
+    if let (Some(reason), true) = (vol.offline_reason(), dirty > 0) {
+        bail!(
+            "volume '{name}' holds {} of dirty data that only the cache has, and its backing \
+             device cannot be used ({reason}). Bring the device back (or point to it with \
+             --backing {name}=PATH) and run this again; if the disk is lost, write the data onto \
+             a replacement with `ssdcache recover --cache CACHE --volume {name} --backing NEW \
+             --force` first",
+            human(dirty)
+        );
+    }
+    let mut progress = Progress::new(dirty, "volume remove");
+    let result = cache.empty_volume(index, &CleanerConfig::default(), &mut |left| {
+        progress.update(left);
+        !stop.load(Ordering::Relaxed)
+    });
+    progress.finish();
+    if stop.load(Ordering::Relaxed) {
+        let left = vol.stats().dirty_bytes;
+        return Err(interrupted(left, "ssdcache volume remove"));
+    }
+    result.with_context(|| format!("cannot empty volume '{name}'; nothing was removed"))
 }
 
 pub fn detach(args: DetachArgs) -> Result<()> {

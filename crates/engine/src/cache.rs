@@ -864,9 +864,22 @@ impl Cache {
     /// [`crate::DEFAULT_DIRTY_LIMIT`]): past it, write-back writes to lines without dirty data go to
     /// the backing device, overwrites of dirty lines are still absorbed. Values outside 0..=1
     /// are clamped.
+    ///
+    /// Dirty lines of offline volumes (which stay until their devices are back) are added to
+    /// the limit, and the share applies to the other lines: otherwise a missing disk's dirty
+    /// data could push every other volume's writes to its hard drive.
     pub fn set_dirty_limit(&self, share: f64) {
         let line_count = u32::try_from(self.layout().line_count).unwrap_or(u32::MAX);
-        let lines = dirty_limit_lines(line_count, share.clamp(0.0, 1.0));
+        let offline_dirty: u64 = self
+            .volumes()
+            .iter()
+            .filter(|v| v.offline_reason().is_some())
+            .map(|v| v.stats().dirty_lines)
+            .sum();
+        let stuck = u32::try_from(offline_dirty)
+            .unwrap_or(u32::MAX)
+            .min(line_count);
+        let lines = stuck + dirty_limit_lines(line_count - stuck, share.clamp(0.0, 1.0));
         self.core.map().set_dirty_limit(lines);
     }
 

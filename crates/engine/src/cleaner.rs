@@ -15,6 +15,7 @@ use crate::cache::{Cache, CacheCore, Mismatch};
 use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
 use crate::map::{line_of, volume_of, DamagedLines, DirtyLine, DirtySweep, SweepEntry};
+use crate::residency::NO_KEY;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::thread::{self, JoinHandle};
 use crate::sync::Mutex;
@@ -126,6 +127,9 @@ impl VolumeSet {
     fn contains(self, id: u16) -> bool {
         id < 64 && self.0 & (1 << id) != 0
     }
+    fn is_empty(self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// How a batch's writes share the backing device with clients.
@@ -162,6 +166,8 @@ pub enum Select {
     /// back are those the cache has least use for, and hot dirty lines stay to absorb their
     /// overwrites.
     Coldest,
+    /// The dirty lines of one volume (by id), in the sweep: removing a volume.
+    Volume(u16),
 }
 
 /// A run of dirty sectors of one line, as part of a merged write.
@@ -415,6 +421,7 @@ impl Cache {
                     Select::All => true,
                     Select::DirtySince(t) => l.since <= t,
                     Select::Coldest => true,
+                    Select::Volume(id) => volume_of(l.key) == id,
                 }
         };
         let mut sweep = self.lock_sweep();
@@ -847,13 +854,22 @@ impl Cache {
             .sum()
     }
 
-    /// How long the oldest dirty data the cleaner can write back has been dirty, as the
-    /// running cleaner last saw it (it looks about every second, between batches); `None`
-    /// without dirty data or before the cleaner has looked. Takes no lock. Data dirty before
-    /// the daemon started counts from the start: the metadata keeps no time.
+    /// Dirty lines of every volume, offline ones included, from the occupancy figures (no lock).
+    fn all_dirty_lines(&self) -> u64 {
+        self.volumes()
+            .iter()
+            .map(|v| self.core().occupancy.of(v.id()).dirty_lines)
+            .sum()
+    }
+
+    /// How long the oldest dirty data has been dirty (offline volumes' included), as the
+    /// running cleaner last saw it (it looks about every second, between batches, so a long
+    /// batch may leave it a little behind); `None` without dirty data or before the cleaner
+    /// has looked. Takes no lock. Data dirty before the daemon started counts from the start:
+    /// the metadata keeps no time.
     pub fn oldest_dirty_age(&self) -> Option<Duration> {
         let since = self.cleaner.oldest_dirty_since.load(Ordering::Relaxed);
-        if since == u64::MAX || self.writable_dirty_lines() == 0 {
+        if since == u64::MAX || self.all_dirty_lines() == 0 {
             return None;
         }
         let now = u64::from(self.core().now_secs());
@@ -879,20 +895,25 @@ impl Cache {
         let mut oldest: Option<u32> = None;
         let mut oldest_checked = Instant::now() - Duration::from_secs(10);
         while !self.cleaner.stop.load(Ordering::Acquire) {
-            // Dirty data of offline volumes presses on the cache, but there is nothing to do
-            // about it: with only that, the cleaner waits.
-            let dirty = self.dirty_lines();
+            // Dirty data of offline volumes cannot be written back: the watermarks apply to
+            // the other lines (docs/design.md §5.1), and with only that, the cleaner waits.
             let writable = self.writable_dirty_lines();
-            let share = dirty as f64 / line_count;
+            let stuck = self.all_dirty_lines().saturating_sub(writable) as f64;
+            let share = writable as f64 / (line_count - stuck).max(1.0);
             above_high = share >= cfg.high_watermark || (above_high && share > cfg.low_watermark);
             if oldest_checked.elapsed() >= Duration::from_secs(1) {
                 let offline = self.offline_volumes();
-                oldest = self
-                    .core()
-                    .map_read()
-                    .oldest_dirty_since(&|volume| !offline.contains(volume));
+                let map = self.core().map_read();
+                oldest = map.oldest_dirty_since(&|volume| !offline.contains(volume));
+                // What the metric shows includes offline volumes' dirty data: the most at risk.
+                let oldest_of_all = if offline.is_empty() {
+                    oldest
+                } else {
+                    map.oldest_dirty_since(&|_| true)
+                };
+                drop(map);
                 oldest_checked = Instant::now();
-                let published = oldest.map_or(u64::MAX, u64::from);
+                let published = oldest_of_all.map_or(u64::MAX, u64::from);
                 self.cleaner
                     .oldest_dirty_since
                     .store(published, Ordering::Relaxed);
@@ -968,7 +989,23 @@ impl Cache {
     /// First every dirty sector is checked against its checksum (`verify_dirty`): if any is
     /// damaged, nothing is written back and the error names the ranges.
     pub fn drain(&self, cfg: &CleanerConfig, progress: &mut dyn FnMut(u64) -> bool) -> Result<()> {
-        let left = self.writable_dirty_bytes();
+        self.drain_scope(cfg, None, progress)
+    }
+
+    /// [`Cache::drain`] of one volume's dirty data only (by index in [`Cache::volumes`]), or
+    /// of every volume that is not offline.
+    fn drain_scope(
+        &self,
+        cfg: &CleanerConfig,
+        volume: Option<usize>,
+        progress: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<()> {
+        let (select, dirty_left): (Select, Box<dyn Fn() -> u64 + '_>) =
+            match volume.and_then(|i| self.volumes().get(i)) {
+                Some(v) => (Select::Volume(v.id()), Box::new(|| v.stats().dirty_bytes)),
+                None => (Select::All, Box::new(|| self.writable_dirty_bytes())),
+            };
+        let left = dirty_left();
         if left > 0 {
             let damaged = self.verify_dirty(&mut |_| progress(left))?;
             if !damaged.is_empty() {
@@ -978,11 +1015,11 @@ impl Cache {
         let mut stuck_rounds = 0;
         let mut busy_rounds = 0;
         loop {
-            let left = self.writable_dirty_bytes();
+            let left = dirty_left();
             if left == 0 || !progress(left) {
                 return self.commit();
             }
-            let r = self.clean_batch(cfg, cfg.max_in_flight, Select::All)?;
+            let r = self.clean_batch(cfg, cfg.max_in_flight, select)?;
             if r.lines_cleaned == 0 {
                 let damaged = self.damaged_ranges();
                 if !damaged.is_empty() {
@@ -1034,6 +1071,79 @@ impl Cache {
             .sum()
     }
 
+    /// Empties a volume before its slot is removed from the superblock (`ssdcache volume
+    /// remove`, with no client connected): its dirty data is written back (with `progress`,
+    /// which may stop it), then every line of it is dropped, so no record in the checkpoint
+    /// the following [`Cache::shutdown`] writes names its id, and a volume added later in the
+    /// same slot can never be served this one's data. Its mode becomes write-through first, so
+    /// nothing new is dirtied meanwhile.
+    pub fn empty_volume(
+        &self,
+        volume: usize,
+        cfg: &CleanerConfig,
+        progress: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<()> {
+        let v = self
+            .volumes()
+            .get(volume)
+            .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
+        if let Some(reason) = v.offline_reason() {
+            if v.stats().dirty_bytes > 0 {
+                return Err(EngineError::VolumeOffline {
+                    name: v.name().to_owned(),
+                    reason: reason.to_owned(),
+                });
+            }
+        }
+        if v.configured_mode() == CacheMode::WriteBack {
+            v.set_serving_mode(CacheMode::WriteThrough);
+        }
+        self.drain_scope(cfg, Some(volume), progress)?;
+        let left = v.stats().dirty_bytes;
+        if left > 0 {
+            return Err(EngineError::Format(format!(
+                "interrupted with {left} dirty bytes of volume '{}' not written back; nothing \
+                 was removed",
+                v.name()
+            )));
+        }
+        self.drop_lines_of(v.id())?;
+        let held = self.core().occupancy.of(v.id()).lines;
+        if held > 0 {
+            return Err(self.core().halt(format!(
+                "volume '{}' still holds {held} lines after they were all dropped",
+                v.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drops every line of a volume that holds no dirty data, each under its line lock.
+    /// A dirty one would be a broken invariant (its data written back just before).
+    fn drop_lines_of(&self, id: u16) -> Result<()> {
+        let sectors = self.layout().sectors_per_line() as usize;
+        let slots = self.core().map_read().slot_count();
+        for slot in 0..slots {
+            let key = self.core().map_read().key_of(slot);
+            if key == NO_KEY || volume_of(key) != id {
+                continue;
+            }
+            let _held = self.core().locks.lock_range(id, line_of(key), line_of(key));
+            self.core().with_map(|map| {
+                if map.key_of(slot) != key {
+                    return Ok(());
+                }
+                if map.dirty_of(slot).is_some_and(|d| !d.is_empty()) {
+                    return Err(crate::map::Invariant(format!(
+                        "slot {slot} of volume {id} is dirty while the volume is emptied"
+                    )));
+                }
+                map.invalidate_slot(slot, 0, sectors)
+            })?;
+        }
+        Ok(())
+    }
+
     /// Stops a write-back volume from making new dirty data (its writes go through) while
     /// its dirty data is written back; `set_mode` then completes the change.
     pub fn hold_writes_through(&self, volume: usize) {
@@ -1070,8 +1180,8 @@ impl Cache {
             // below sees all the dirty data; the configured (persisted) mode changes only
             // once it is all written back, and a failed drain leaves the volume write-back.
             v.set_serving_mode(CacheMode::WriteThrough);
-            let drained = self.drain(cfg, progress);
-            if drained.is_err() || self.dirty_bytes() > 0 {
+            let drained = self.drain_scope(cfg, Some(volume), progress);
+            if drained.is_err() || v.stats().dirty_bytes > 0 {
                 v.set_serving_mode(CacheMode::WriteBack);
                 drained?;
                 return Err(EngineError::Format(

@@ -16,6 +16,7 @@ use ssdcache_devsim::CrashDevice;
 use ssdcache_engine::{
     read_superblock, Cache, CleanerConfig, EngineError, VolumeBacking, VolumeState,
 };
+use ssdcache_format::CacheMode;
 
 const LINE: u64 = 64 << 10;
 const CACHE: u64 = 16 * MIB;
@@ -96,17 +97,16 @@ fn an_offline_volume_keeps_its_dirty_data_while_the_other_serves() {
     assert_eq!(a.stats().dirty_bytes, MIB, "a's dirty data waits");
     backing_b.flush().expect("flush");
     assert!(backing_b.durable_image()[MIB as usize..2 * MIB as usize] == b_data[..]);
-    // Age-based write-back and dirty pressure pass a's lines over; the cleaner does not spin
-    // on them, and they are not counted as data it can write back.
+    // Age-based write-back passes a's lines over (the cleaner does not spin on them), while
+    // the published age still counts them.
     cache.start_cleaner(CleanerConfig {
         max_age: Duration::ZERO,
         ..CleanerConfig::default()
     });
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(
-        cache.oldest_dirty_age(),
-        None,
-        "nothing the cleaner can write back"
+    assert!(
+        cache.oldest_dirty_age().is_some(),
+        "the age counts the offline volume's dirty data, the most at risk"
     );
     cache.stop_cleaner();
     assert_eq!(a.stats().dirty_bytes, MIB);
@@ -176,5 +176,43 @@ fn dirty_pressure_from_an_offline_volume_does_not_stop_the_others_write_back() {
     assert_eq!(cache.volumes()[0].stats().dirty_bytes, 6 * MIB);
     backing_b.flush().expect("flush");
     assert!(backing_b.durable_image()[..4 * MIB as usize] == b_data[..]);
+    cache.shutdown().expect("shutdown");
+}
+
+/// Review 35: a mode change of a healthy volume was refused while another, offline, held
+/// dirty data (the check counted the whole cache's); and an offline volume's dirty data at the
+/// dirty limit sent every write of the others to their hard drive.
+#[test]
+fn an_offline_volumes_dirty_data_holds_up_neither_mode_changes_nor_the_others_write_back() {
+    let (cache_dev, [backing_a, backing_b]) = common::two_volume_cache(CACHE, LINE, SIZES);
+    {
+        let cache = open_with(&cache_dev, Some(&backing_a), &backing_b);
+        cache.set_dirty_limit(1.0);
+        cache.volumes()[0]
+            .write(0, &data(5, 4 * MIB as usize), false)
+            .expect("write a");
+        cache.shutdown().expect("shutdown");
+    }
+    let cache = open_with(&cache_dev, None, &backing_b);
+    // 64 offline dirty lines, above what a 20% limit of the cache's lines allows.
+    cache.set_dirty_limit(0.2);
+    let b = &cache.volumes()[1];
+    b.write(0, &data(6, MIB as usize), false).expect("write b");
+    assert_eq!(
+        b.stats().dirty_bytes,
+        MIB,
+        "b's writes are absorbed, not sent around"
+    );
+    cache
+        .set_mode(
+            1,
+            CacheMode::WriteThrough,
+            &CleanerConfig::default(),
+            &mut |_| true,
+        )
+        .expect("b's mode changes while a is offline with dirty data");
+    assert_eq!(b.configured_mode(), CacheMode::WriteThrough);
+    assert_eq!(b.stats().dirty_bytes, 0);
+    assert_eq!(cache.volumes()[0].stats().dirty_bytes, 4 * MIB);
     cache.shutdown().expect("shutdown");
 }
