@@ -84,6 +84,12 @@ pub struct StatsReport {
     /// older than `--writeback-max-age`); absent without dirty data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_dirty_age_seconds: Option<u64>,
+    /// Live: the lines in use and the dirty lines as the cache map counts them, for the whole
+    /// cache; the volumes' figures add up to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_used_lines: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_dirty_lines: Option<u64>,
     /// The workload recording of `serve --record-trace`, while the daemon records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<RecordStatus>,
@@ -150,6 +156,8 @@ fn stats_report(
         volumes: vols.iter().map(volume_report).collect(),
         dirty_limit_lines: None,
         oldest_dirty_age_seconds: None,
+        cache_used_lines: None,
+        cache_dirty_lines: None,
         recording: None,
         checksum_pages: None,
         ssd: Some(WearReport::saved(sb.cache_bytes_written, sb.ssd_tbw_bytes)),
@@ -169,6 +177,8 @@ pub fn live_stats(
         ssd: Some(wear.report()),
         dirty_limit_lines: Some(cache.dirty_limit_lines()),
         oldest_dirty_age_seconds: cache.oldest_dirty_age().map(|age| age.as_secs()),
+        cache_used_lines: Some(cache.used_lines()),
+        cache_dirty_lines: Some(cache.dirty_lines()),
         checksum_pages: Some(ChecksumPagesReport {
             resident_bytes: c.resident_frames * c.frame_bytes,
             budget_bytes: c.budget_frames.saturating_mul(c.frame_bytes),

@@ -857,7 +857,13 @@ impl Cache {
 
     /// Dirty lines in the whole cache.
     pub fn dirty_lines(&self) -> u64 {
-        self.core.map().total_dirty_lines()
+        self.core.map_read().total_dirty_lines()
+    }
+
+    /// Lines holding data of any volume, as the map counts them (the per-volume figures of
+    /// [`Volume::stats`] are kept apart and must add up to it). Takes the map's read lock.
+    pub fn used_lines(&self) -> u64 {
+        self.core.map_read().used_lines() as u64
     }
 
     /// Sets the share of the cache's lines that may be dirty (0 to 1; default
