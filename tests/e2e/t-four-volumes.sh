@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One cache, four backing files, four exports in mixed modes (issue 12's deployment in small):
 # ext4 on two write-back exports at once (nbdfuse + loop), raw data on a write-through and a
-# write-around one; per-volume stats add up to the cache map's own counts; kill -9 with dirty
-# data on both filesystems; after the restart fsck is clean and every file and byte is intact;
+# write-around one; b capped at 10% of the cache's lines dirty by its own dirty limit (its
+# writes past it go around, a's do not); per-volume stats add up to the cache map's own counts;
+# kill -9 with dirty data on both filesystems; after the restart fsck is clean and every file
+# and byte is intact;
 # then, with the daemon stopped, a volume removed and another added, and everything still
 # intact (adding and removing while serving is not built yet: issue 12 item 1).
 source "$(dirname "$0")/lib.sh"
@@ -45,7 +47,18 @@ detach_fs() { # detach_fs VOLUME [fsck]: sync, umount, fsck (optional), losetup 
     nbdfuse_detach "${FUSE_OF[$v]}"
 }
 
-start_server "$TEST_DIR/nbd.sock" --cache cache.img --writeback-max-age 3600
+# b may hold at most 10% of the cache's lines dirty (its own dirty limit); a is uncapped.
+cat >conf.toml <<'TOML'
+[volume.b]
+dirty_limit = 10
+TOML
+cat >bad.toml <<'TOML'
+[volume.b]
+dirty_limit = 150
+TOML
+expect_status 2 "a per-volume dirty limit out of range" "dirty_limit = 150" \
+    "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/x.sock" --config bad.toml
+start_server "$TEST_DIR/nbd.sock" --cache cache.img --writeback-max-age 3600 --config conf.toml
 attach_fs a mkfs
 attach_fs b mkfs
 make_tree "$TEST_DIR/mnt-a/tree" 11 &
@@ -68,6 +81,11 @@ s=$(stats_json cache.img)
 for v in a b; do
     assert_gt "$(vol_field "$s" "$v" dirty_bytes)" 0 "dirty data of write-back volume $v"
 done
+cap=$(vol_field "$s" b dirty_limit_lines)
+assert_eq "$cap" $(( $(jq .lines <<<"$s") / 10 )) "b's own dirty limit in lines"
+(( $(vol_field "$s" b dirty_lines) <= cap )) || fail "b holds $(vol_field "$s" b dirty_lines) dirty lines, over its limit $cap"
+assert_gt "$(vol_field "$s" b bytes_written_around_full)" 0 "b's writes past its limit went around"
+assert_gt "$(vol_field "$s" a dirty_lines)" "$cap" "a, uncapped, holds more dirty lines than b's limit"
 assert_eq "$(vol_field "$s" c dirty_bytes)" 0 "write-through volume c holds no dirty data"
 assert_eq "$(vol_field "$s" d dirty_bytes)" 0 "write-around volume d holds no dirty data"
 used=$(jq '[.volumes[].lines_used] | add' <<<"$s")

@@ -33,6 +33,7 @@
 //! [volume.sdb]                       # settings of volume sdb
 //! admission = "2-hit"                # "always", or "N-hit": cache a line on its N-th miss
 //! sequential_cutoff = "4MiB"         # streams bypass the cache after this much; 0 = never
+//! dirty_limit = 25                   # percent of the cache's lines it may hold dirty
 //! ```
 //!
 //! `policy`, `admission` and `sequential_cutoff` are written to the cache's superblock when
@@ -91,6 +92,9 @@ pub struct FileConfig {
 pub struct VolumeConfig {
     pub admission: Option<String>,
     pub sequential_cutoff: Option<SizeValue>,
+    /// Percent of the cache's lines this volume may hold dirty (`Volume::set_dirty_cap`);
+    /// applied at each start, not kept in the superblock.
+    pub dirty_limit: Option<f64>,
     /// Only for a cache of one volume (see the module comment).
     pub policy: Option<String>,
 }

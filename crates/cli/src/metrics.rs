@@ -422,6 +422,15 @@ fn families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
             .collect(),
     ));
     out.push(gauge(
+        "ssdcache_volume_dirty_limit_lines",
+        "The volume's own cap on dirty lines ([volume.NAME] dirty_limit); only volumes with one.",
+        None,
+        volumes
+            .iter()
+            .filter_map(|v| Some((vec![("volume", v.name.clone())], v.dirty_cap_lines? as f64)))
+            .collect(),
+    ));
+    out.push(gauge(
         "ssdcache_volume_mode",
         "1 for the mode the volume serves in, and the mode it is configured with.",
         None,

@@ -66,6 +66,9 @@ pub struct VolumeReport {
     pub dirty_bytes: u64,
     /// False while the cache holds data the backing device lacks.
     pub backing_consistent: bool,
+    /// Live: the volume's own cap on dirty lines (`[volume.NAME] dirty_limit`), if set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_limit_lines: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -137,6 +140,7 @@ fn volume_report(v: &VolumeStats) -> VolumeReport {
         dirty_lines: v.dirty_lines,
         dirty_bytes: v.dirty_bytes,
         backing_consistent: v.dirty_bytes == 0,
+        dirty_limit_lines: v.dirty_cap_lines,
     }
 }
 
@@ -327,6 +331,12 @@ fn print_stats(r: &StatsReport) {
                 "  DIRTY        {} in {} lines: the backing device alone is NOT consistent \
                  (run `ssdcache flush` before using it without ssdcache)",
                 human(v.dirty_bytes),
+                v.dirty_lines
+            );
+        }
+        if let Some(cap) = v.dirty_limit_lines {
+            println!(
+                "  dirty limit  {cap} lines of its own ({} dirty now)",
                 v.dirty_lines
             );
         }

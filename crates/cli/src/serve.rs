@@ -846,6 +846,17 @@ fn start_serving(
         );
     }
     cache.set_dirty_limit(s.dirty_limit);
+    for v in cache.volumes() {
+        let cap = s.tuning.volume_dirty_limit(v.name());
+        v.set_dirty_cap(cap);
+        if let Some(lines) = v.dirty_cap_lines() {
+            tracing::info!(
+                "volume '{}' may hold at most {lines} dirty lines ([volume.{}] dirty_limit)",
+                v.name(),
+                v.name()
+            );
+        }
+    }
     if let Some(bytes) = s.checksum_memory {
         cache
             .set_checksum_memory(bytes)

@@ -22,6 +22,14 @@ impl CacheTuning {
     /// Sets the superblock's policy, admission and cutoffs as the file says; returns what
     /// changed, for the log. Refuses volume names the cache does not have and values that do
     /// not parse, naming the key; a refused file leaves `sb` as it was.
+    /// A volume's own dirty limit from `[volume.NAME] dirty_limit`, as a share (0 to 1).
+    pub fn volume_dirty_limit(&self, name: &str) -> Option<f64> {
+        self.volumes
+            .get(name)
+            .and_then(|v| v.dirty_limit)
+            .map(|percent| percent / 100.0)
+    }
+
     pub fn apply(&self, sb: &mut Superblock) -> Result<Vec<String>> {
         let mut tuned = sb.clone();
         let changes = self.apply_to(&mut tuned)?;
@@ -38,6 +46,14 @@ impl CacheTuning {
                      volumes: {}; a volume's name is the one given to `ssdcache create --name`)",
                     known.join(", ")
                 );
+            }
+            if let Some(p) = self.volumes[name].dirty_limit {
+                if !(0.0..=100.0).contains(&p) {
+                    bail!(
+                        "config file: [volume.{name}] dirty_limit = {p}: a percent of the \
+                         cache's lines, 0 to 100"
+                    );
+                }
             }
         }
         let mut changes = Vec::new();

@@ -1172,6 +1172,7 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
                 dirty_lines: o.dirty_lines,
                 dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
                 state: crate::VolumeState::Healthy,
+                dirty_cap_lines: None,
             }
         })
         .collect())

@@ -854,6 +854,22 @@ impl Cache {
             .sum()
     }
 
+    /// A volume (not offline) whose dirty lines reached 90% of its own cap
+    /// (`Volume::set_dirty_cap`): the cleaner writes its lines back before its writes must go
+    /// around.
+    fn volume_near_dirty_cap(&self) -> Option<u16> {
+        self.volumes()
+            .iter()
+            .filter(|v| v.offline_reason().is_none())
+            .find(|v| {
+                v.dirty_cap_lines().is_some_and(|cap| {
+                    let dirty = self.core().occupancy.of(v.id()).dirty_lines;
+                    dirty > 0 && dirty * 10 >= cap * 9
+                })
+            })
+            .map(|v| v.id())
+    }
+
     /// Dirty lines of every volume, offline ones included, from the occupancy figures (no lock).
     fn all_dirty_lines(&self) -> u64 {
         self.volumes()
@@ -925,7 +941,8 @@ impl Cache {
             if draining && writable == 0 {
                 self.request_drain(false);
             }
-            if writable == 0 || !(draining || above_high || aged) {
+            let capped = self.volume_near_dirty_cap();
+            if writable == 0 || !(draining || above_high || aged || capped.is_some()) {
                 // (The committer commits every second meanwhile.)
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -961,6 +978,8 @@ impl Cache {
                 Select::All
             } else if above_high {
                 Select::Coldest
+            } else if let Some(id) = capped {
+                Select::Volume(id)
             } else {
                 Select::DirtySince(now.saturating_sub(age_limit))
             };

@@ -16,7 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::latency::{LatencyHistogram, LatencyHistograms, LatencyKind};
 use crate::locks::RangeGuard;
 use crate::map::MapState;
-use crate::sync::atomic::{AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 
 mod batch;
@@ -123,6 +123,8 @@ pub struct VolumeStats {
     pub dirty_lines: u64,
     pub dirty_bytes: u64,
     pub state: VolumeState,
+    /// The volume's own cap on dirty lines (`Volume::set_dirty_cap`), if it has one.
+    pub dirty_cap_lines: Option<u64>,
 }
 
 /// Cache-device errors a write-through or write-around volume tolerates before it stops using
@@ -151,6 +153,9 @@ pub struct Volume {
     counters: StripedCounters<{ VolumeCounters::COUNT }>,
     /// Time inside the engine per request, by kind and outcome (metrics).
     latency: LatencyHistograms,
+    /// Most lines this volume may hold dirty (`set_dirty_cap`), `u64::MAX` for no cap of its
+    /// own (the cache's dirty limit still applies).
+    dirty_cap: AtomicU64,
 }
 
 fn mode_code(m: CacheMode) -> u8 {
@@ -240,6 +245,7 @@ impl Volume {
             admission_table: admission.table(lines).map(Mutex::new),
             counters: StripedCounters::new(slot.counters.0),
             latency: LatencyHistograms::new(),
+            dirty_cap: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -264,6 +270,29 @@ impl Volume {
             _ => VolumeState::Healthy,
         }
     }
+    /// Caps the lines this volume may hold dirty at `share` (0 to 1) of the cache's lines, or
+    /// removes the cap (`None`). Past it, a write-back write to a line without dirty data goes
+    /// to the backing device (counted as written around a full cache), overwrites of dirty
+    /// lines are still absorbed, and the cleaner writes this volume's dirty lines back: one
+    /// busy volume cannot take the whole cache's write-back room from the others.
+    pub fn set_dirty_cap(&self, share: Option<f64>) {
+        let lines = share.map_or(u64::MAX, |s| {
+            (self.core.layout.line_count as f64 * s.clamp(0.0, 1.0)) as u64
+        });
+        self.dirty_cap.store(lines, Ordering::Relaxed);
+    }
+
+    /// The cap of `set_dirty_cap`, in lines.
+    pub fn dirty_cap_lines(&self) -> Option<u64> {
+        Some(self.dirty_cap.load(Ordering::Relaxed)).filter(|&l| l != u64::MAX)
+    }
+
+    /// Whether this volume may dirty one more line: below the cache's dirty limit and its own.
+    fn may_dirty_another_line(&self, map: &MapState) -> bool {
+        map.may_dirty_another_line()
+            && map.occupancy(self.id).dirty_lines < self.dirty_cap.load(Ordering::Relaxed)
+    }
+
     /// Why the volume is offline (its backing device could not be opened at start), if it is.
     pub fn offline_reason(&self) -> Option<&str> {
         self.backing().offline_reason()
@@ -376,6 +405,7 @@ impl Volume {
             bytes_cached: o.sectors * SECTOR_SIZE,
             dirty_lines: o.dirty_lines,
             dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
+            dirty_cap_lines: self.dirty_cap_lines(),
             state: if self.offline_reason().is_some() {
                 VolumeState::Offline
             } else if self.backing().flush_failed() {
@@ -638,7 +668,7 @@ impl Volume {
     /// holds dirty data already.
     fn absorbable(&self, offset: u64, length: u64) -> bool {
         let map = self.core.map_read();
-        map.may_dirty_another_line()
+        self.may_dirty_another_line(&map)
             || self.segments(offset, length).all(|seg| {
                 map.peek(self.id, seg.line)
                     .and_then(|hit| map.dirty_of(hit.slot))
@@ -1240,14 +1270,15 @@ impl Volume {
 
     /// The slot a write-back write of `seg` may make dirty: its line's slot when the line
     /// holds dirty data already (an overwrite is absorbed whatever the dirty limit), else,
-    /// below the cache's dirty limit, the line's slot or a newly allocated one. `None` when the
-    /// write must go around: the cache is at its dirty limit, or no slot can be freed.
+    /// below the cache's dirty limit and the volume's cap, the line's slot or a newly
+    /// allocated one. `None` when the write must go around: the cache or the volume is at its
+    /// dirty limit, or no slot can be freed.
     fn slot_to_dirty(&self, seg: &Segment) -> Result<Option<(u32, bool)>> {
         self.core.with_map(|map| {
             let found = map.lookup(self.id, seg.line);
             let dirty_already =
                 found.is_some_and(|l| map.dirty_of(l.slot).is_some_and(|d| !d.is_empty()));
-            if !dirty_already && !map.may_dirty_another_line() {
+            if !dirty_already && !self.may_dirty_another_line(map) {
                 return Ok(None);
             }
             match found {

@@ -117,3 +117,63 @@ fn two_volumes_share_the_cache_and_keep_their_own_data() {
     let dirty: u64 = cache.volumes().iter().map(|v| v.stats().dirty_bytes).sum();
     assert_eq!(dirty, cache.dirty_bytes(), "per-volume dirty bytes add up");
 }
+
+/// A volume's own dirty cap (`Volume::set_dirty_cap`, the config file's per-volume
+/// `dirty_limit`): past it, its writes to new lines go around while the other volume's are
+/// still absorbed, its data reads back exactly, and the cleaner writes its lines back (not the
+/// other's) once it nears the cap.
+#[test]
+fn a_volumes_dirty_cap_leaves_the_others_their_write_back_room() {
+    let (cache_dev, backings) = two_volume_cache();
+    let cache = Arc::new(open(&cache_dev, &backings));
+    let lines = cache.layout().line_count;
+    let (a, b) = (&cache.volumes()[0], &cache.volumes()[1]);
+    a.set_dirty_cap(Some(0.1));
+    let cap = a.dirty_cap_lines().expect("a cap");
+    assert_eq!(cap, lines / 10);
+    let a_data = data(31, 8 * MIB as usize);
+    a.write(0, &a_data, false).expect("write a");
+    assert!(
+        a.stats().dirty_lines <= cap,
+        "a holds {} dirty lines, its cap is {cap}",
+        a.stats().dirty_lines
+    );
+    assert!(
+        common::counter(a, "bytes_written_around_full") > 0,
+        "a's writes past its cap went around"
+    );
+    let b_data = data(32, 4 * MIB as usize);
+    b.write(0, &b_data, false).expect("write b");
+    assert_eq!(
+        b.stats().dirty_bytes,
+        4 * MIB,
+        "b's writes are all absorbed"
+    );
+    let mut buf = vec![0u8; a_data.len()];
+    a.read(0, &mut buf).expect("read a");
+    assert!(
+        buf == a_data,
+        "a reads back what it wrote, around the cache or not"
+    );
+    // No watermark or age applies: only the cap makes the cleaner write a's lines back.
+    cache.start_cleaner(CleanerConfig {
+        high_watermark: 0.95,
+        low_watermark: 0.9,
+        max_age: std::time::Duration::from_secs(3600),
+        ..CleanerConfig::default()
+    });
+    common::wait_for(
+        "a below 90% of its cap",
+        std::time::Duration::from_secs(20),
+        || a.stats().dirty_lines * 10 < cap * 9,
+    );
+    cache.stop_cleaner();
+    assert_eq!(
+        b.stats().dirty_bytes,
+        4 * MIB,
+        "b's dirty data was left alone"
+    );
+    a.set_dirty_cap(None);
+    assert_eq!(a.dirty_cap_lines(), None);
+    cache.shutdown().expect("shutdown");
+}
