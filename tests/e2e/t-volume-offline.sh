@@ -95,6 +95,22 @@ kill "$HOLDER"
 wait "$HOLDER" 2>/dev/null || true
 rm b.img
 
+# A stop asked for while serve waits for b's disk ends the wait at once, before the cache is
+# opened: exit status 0 within seconds, the cache still marked cleanly stopped.
+"$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/w.sock" --backing-wait 60 >wait.log 2>&1 &
+WAITER=$!
+_PIDS+=("$WAITER")
+for _ in $(seq 1 50); do grep -q "waiting up to 60 s" wait.log && break; sleep 0.1; done
+grep -q "waiting up to 60 s" wait.log || fail "serve did not start waiting: $(cat wait.log)"
+kill -TERM "$WAITER"
+t0=$SECONDS
+rc=0
+wait "$WAITER" || rc=$?
+assert_eq "$rc" 0 "exit status of a serve stopped while waiting for a disk"
+(( SECONDS - t0 <= 5 )) || fail "serve took $((SECONDS - t0)) s to stop while waiting for a disk"
+grep -q "stopped before the cache was opened" wait.log || fail "no word of the stop: $(cat wait.log)"
+assert_eq "$("$SSDCACHE_BIN" info --cache cache.img --json | jq -r .state)" clean "cache state after that stop"
+
 # The disk comes back while serve waits for it (--backing-wait): b is served, not offline.
 (sleep 2; mv b-away.img b.img) &
 MOVER=$!

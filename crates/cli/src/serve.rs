@@ -24,7 +24,9 @@ use ssdcache_trace::Op;
 
 use crate::config::{FileConfig, SizeValue};
 use crate::control;
-use crate::devices::{open_backings_allowing_offline, open_cache_device, parse_backing};
+use crate::devices::{
+    open_backings_allowing_offline, open_cache_device, parse_backing, StoppedWaiting,
+};
 use crate::notify::Notifier;
 use crate::signals::StopEvents;
 use crate::size::{human, parse_size};
@@ -650,17 +652,19 @@ fn open_backings_to_serve(
     s: &Settings,
     dev: &dyn BlockDevice,
     sb: &Superblock,
+    stops: &StopEvents,
 ) -> Result<Vec<VolumeBacking>> {
     let required = |name: &str| s.backing_required.contains(name);
-    Ok(
-        open_backings_allowing_offline(dev, sb, &s.backing, &required, s.backing_wait)?
-            .into_iter()
-            .map(|b| match b {
-                VolumeBacking::Device(d) => VolumeBacking::Device(with_hdd_model(d, s.emulate_hdd)),
-                offline => offline,
-            })
-            .collect(),
-    )
+    let stop = || stops.try_next();
+    let opened =
+        open_backings_allowing_offline(dev, sb, &s.backing, &required, s.backing_wait, &stop)?;
+    Ok(opened
+        .into_iter()
+        .map(|b| match b {
+            VolumeBacking::Device(d) => VolumeBacking::Device(with_hdd_model(d, s.emulate_hdd)),
+            offline => offline,
+        })
+        .collect())
 }
 
 /// Opens the cache: from here on it is marked running until `Cache::shutdown`.
@@ -736,7 +740,20 @@ fn serve(
         metrics,
         files: _socket_files,
     } = Endpoints::bind(s, &sb)?;
-    let backings = open_backings_to_serve(s, &*dev, &sb)?;
+    let backings = match open_backings_to_serve(s, &*dev, &sb, stops) {
+        Err(e) if e.downcast_ref::<StoppedWaiting>().is_some() => {
+            // Nothing was opened or changed: a stop is a clean one (status 0 for a signal).
+            let why = e
+                .downcast_ref::<StoppedWaiting>()
+                .map_or("", |w| w.0.as_str());
+            tracing::info!("{e}: stopped before the cache was opened");
+            if crate::signals::is_stop_signal(why) {
+                return Ok(());
+            }
+            return Err(e);
+        }
+        other => other?,
+    };
     manager.status(match sb.state {
         CacheState::Clean => "opening the cache (clean stop: restoring the cache map)",
         CacheState::Running => "opening the cache (no clean stop: replaying the journal)",

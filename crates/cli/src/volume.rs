@@ -49,6 +49,11 @@ pub struct RemoveArgs {
     /// Where a volume's backing device is now, if not at its recorded path (repeatable)
     #[arg(long, value_name = "NAME=PATH", value_parser = crate::devices::parse_backing)]
     backing: Vec<(String, PathBuf)>,
+    /// Give up this volume's dirty data that fails its checksum or cannot be read from the
+    /// cache (its backing device keeps its older data there) instead of refusing; the rest is
+    /// written back. Other volumes' data is not looked at
+    #[arg(long)]
+    discard_damaged: bool,
 }
 
 #[derive(Args)]
@@ -77,9 +82,12 @@ pub struct AddArgs {
 pub fn run(command: VolumeCommand) -> Result<()> {
     match command {
         VolumeCommand::Add(args) => add(args),
-        VolumeCommand::Remove(args) => {
-            crate::writeback::remove_volume(&args.cache, &args.name, &args.backing)
-        }
+        VolumeCommand::Remove(args) => crate::writeback::remove_volume(
+            &args.cache,
+            &args.name,
+            &args.backing,
+            args.discard_damaged,
+        ),
     }
 }
 

@@ -428,7 +428,12 @@ fn offline_dirty(stats: &serde_json::Value) -> Vec<String> {
 /// it, keeping what was written back), drops every line of it, stops the cache cleanly, then
 /// takes its slot out of the superblock. The other volumes stay as they were, warm; one whose
 /// device is missing is left offline and untouched.
-pub fn remove_volume(cache_path: &Path, name: &str, overrides: &[(String, PathBuf)]) -> Result<()> {
+pub fn remove_volume(
+    cache_path: &Path,
+    name: &str,
+    overrides: &[(String, PathBuf)],
+    discard_damaged: bool,
+) -> Result<()> {
     let sb = read_sb(cache_path)?;
     check_backing_names(&sb, overrides)?;
     let index = sb
@@ -474,11 +479,13 @@ pub fn remove_volume(cache_path: &Path, name: &str, overrides: &[(String, PathBu
         &overrides.iter().cloned().collect(),
         &required,
         Duration::ZERO,
+        &|| None,
     )?;
     let removed = sb.volumes[index].clone();
     let (cache, _) = Cache::open_volumes(dev.clone(), sb, backings)
         .with_context(|| format!("cannot open cache {}", cache_path.display()))?;
-    let emptied = empty_here(&cache, index, name);
+    let was_offline = cache.volumes()[index].offline_reason().is_some();
+    let emptied = empty_here(&cache, index, name, discard_damaged);
     let closed = cache.shutdown();
     drop(cache);
     emptied?;
@@ -490,20 +497,44 @@ pub fn remove_volume(cache_path: &Path, name: &str, overrides: &[(String, PathBu
     sb.sequence += 1;
     ssdcache_engine::write_superblock(&*dev, &sb)
         .with_context(|| format!("cannot write the superblock of {}", cache_path.display()))?;
+    let whereabouts = if was_offline {
+        format!(
+            "its data is on the disk recorded at create ({}, which was not found there now)",
+            removed.backing.path
+        )
+    } else {
+        format!(
+            "its backing device {} holds all of its data",
+            removed.backing.path
+        )
+    };
     eprintln!(
-        "volume remove: volume '{name}' removed from cache {}; its backing device {} holds all \
-         of its data and is no longer used by the cache; {} volumes left",
+        "volume remove: volume '{name}' removed from cache {}; {whereabouts}, and the cache no \
+         longer uses it; {} volumes left. Remove the entries of a configuration file that name \
+         '{name}' ([backing] {name} and [volume.{name}]): `serve` refuses a file naming a volume \
+         the cache does not have",
         cache_path.display(),
-        removed.backing.path,
         sb.volumes.len()
     );
     Ok(())
 }
 
 /// Writes back and drops a volume's lines (`Cache::empty_volume`), with progress.
-fn empty_here(cache: &Cache, index: usize, name: &str) -> Result<()> {
+fn empty_here(cache: &Cache, index: usize, name: &str, discard_damaged: bool) -> Result<()> {
     let stop = interrupt_flag()?;
     let vol = &cache.volumes()[index];
+    if discard_damaged && vol.offline_reason().is_none() {
+        eprintln!("volume remove: checking the dirty data of '{name}' against its checksums");
+        let dropped = cache
+            .discard_damaged_of_volume(index, &mut |_| !stop.load(Ordering::Relaxed))
+            .context("checking the dirty data failed")?;
+        if stop.load(Ordering::Relaxed) {
+            bail!("interrupted while checking the dirty data; nothing was written back");
+        }
+        for r in &dropped {
+            eprintln!("volume remove: --discard-damaged: gave up {r}");
+        }
+    }
     let dirty = vol.stats().dirty_bytes;
     if let (Some(reason), true) = (vol.offline_reason(), dirty > 0) {
         bail!(

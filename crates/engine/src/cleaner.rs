@@ -14,6 +14,7 @@ use ssdcache_format::{sector_crc, CacheMode, SectorBitmap, SECTOR_SIZE};
 use crate::cache::{Cache, CacheCore, Mismatch};
 use crate::commit::CommitPurpose;
 use crate::error::{EngineError, Result};
+use crate::locks::LineKey;
 use crate::map::{line_of, volume_of, DamagedLines, DirtyLine, DirtySweep, SweepEntry};
 use crate::residency::NO_KEY;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -90,6 +91,8 @@ const DRAIN_BUSY_ROUNDS: u32 = 3000;
 pub(crate) struct CleanerState {
     /// The address-ordered sweep under way (`Select::All`, `Select::DirtySince`).
     sweep: Mutex<DirtySweep>,
+    /// The sweep of one volume's lines (`Select::Volume`), and which volume's.
+    volume_sweep: Mutex<(u16, DirtySweep)>,
     draining: AtomicBool,
     stop: Arc<AtomicBool>,
     /// When the oldest dirty line the cleaner can write back became dirty (`now_secs`), as
@@ -105,11 +108,47 @@ impl Default for CleanerState {
     fn default() -> Self {
         CleanerState {
             sweep: Default::default(),
+            volume_sweep: Mutex::new((0, DirtySweep::new(Vec::new()))),
             draining: AtomicBool::new(false),
             stop: Default::default(),
             oldest_dirty_since: AtomicU64::new(u64::MAX),
             thread: Default::default(),
             committer: Default::default(),
+        }
+    }
+}
+
+/// Which volume over its own dirty cap the cleaner serves next (`Cache::volume_near_dirty_cap`).
+#[derive(Default)]
+struct CapTurns {
+    /// The volume of the last `Select::Volume` batch.
+    last: Option<u16>,
+    /// The last batch was a `Select::Volume` one.
+    last_was_volume: bool,
+    /// Volumes whose last batch wrote nothing back, and until when they rest.
+    rest_until: HashMap<u16, Instant>,
+}
+
+impl CapTurns {
+    /// How long a capped volume whose batch wrote nothing back (a failing disk, damage) is
+    /// left out, so it cannot take every batch.
+    const REST: Duration = Duration::from_secs(1);
+
+    fn resting(&self, id: u16) -> bool {
+        self.rest_until
+            .get(&id)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    fn after_batch(&mut self, select: Select, lines_cleaned: u64) {
+        self.last_was_volume = matches!(select, Select::Volume(_));
+        if let Select::Volume(id) = select {
+            self.last = Some(id);
+            if lines_cleaned == 0 {
+                self.rest_until.insert(id, Instant::now() + Self::REST);
+            } else {
+                self.rest_until.remove(&id);
+            }
         }
     }
 }
@@ -356,9 +395,24 @@ impl Cache {
             .filter(|(_, o)| matches!(o, Outcome::Deferred))
             .flat_map(|(e, _)| e.parts.iter().map(|p| p.line.key))
             .min();
-        if let Some(key) = first_deferred {
-            self.lock_sweep().rewind_to(key);
+        match (select, first_deferred) {
+            (Select::Volume(id), Some(key)) => {
+                let mut guard = self.lock_volume_sweep();
+                if guard.0 == id {
+                    guard.1.rewind_to(key);
+                }
+            }
+            (_, Some(key)) => self.lock_sweep().rewind_to(key),
+            (_, None) => {}
         }
+    }
+
+    fn lock_volume_sweep(&self) -> crate::sync::MutexGuard<'_, (u16, DirtySweep)> {
+        // Changed only in short non-panicking sections, as the shared sweep.
+        self.cleaner
+            .volume_sweep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn lock_sweep(&self) -> crate::sync::MutexGuard<'_, DirtySweep> {
@@ -370,7 +424,8 @@ impl Cache {
     /// read lock `SNAPSHOT_CHUNK` slots at a time (room reserved before each, so the lock is
     /// never held across an allocation), then sorted with no lock held. Its memory, 12 bytes
     /// per dirty line, is bounded by the cache's lines.
-    fn snapshot_dirty(&self) -> DirtySweep {
+    /// Only the lines whose key `keep` takes are kept (after each chunk's copy).
+    fn snapshot_dirty(&self, keep: &dyn Fn(LineKey) -> bool) -> DirtySweep {
         let (slots, dirty) = {
             let map = self.core().map_read();
             (map.slot_count(), map.total_dirty_lines())
@@ -381,9 +436,18 @@ impl Cache {
             let end = first.saturating_add(SNAPSHOT_CHUNK).min(slots);
             // Exact: growing by doubling could take twice the snapshot's memory for a moment.
             entries.reserve_exact((end - first) as usize);
+            let before = entries.len();
             self.core()
                 .map_read()
                 .copy_dirty_slots(first..end, &mut entries);
+            let mut i = before;
+            while i < entries.len() {
+                if keep(entries[i].key()) {
+                    i += 1;
+                } else {
+                    entries.swap_remove(i);
+                }
+            }
             first = end;
         }
         entries.shrink_to_fit();
@@ -424,7 +488,30 @@ impl Cache {
                     Select::Volume(id) => volume_of(l.key) == id,
                 }
         };
-        let mut sweep = self.lock_sweep();
+        if let Select::Volume(id) = select {
+            // A sweep of its own: taking one volume's lines from the shared sweep would use
+            // up the other volumes' entries, delaying their aged lines by a whole cycle
+            // (review 37).
+            let mut guard = self.lock_volume_sweep();
+            if guard.0 != id {
+                *guard = (id, DirtySweep::new(Vec::new()));
+            }
+            let snapshot = || self.snapshot_dirty(&|key| volume_of(key) == id);
+            return self.plan_from(&mut guard.1, batch_lines, &mut want, &snapshot);
+        }
+        let snapshot = || self.snapshot_dirty(&|_| true);
+        self.plan_from(&mut self.lock_sweep(), batch_lines, &mut want, &snapshot)
+    }
+
+    /// The next `batch_lines` lines `want` takes from `sweep`, in address order; a fresh
+    /// `snapshot` once when it is done.
+    fn plan_from(
+        &self,
+        sweep: &mut DirtySweep,
+        batch_lines: usize,
+        want: &mut dyn FnMut(&DirtyLine) -> bool,
+        snapshot: &dyn Fn() -> DirtySweep,
+    ) -> Vec<DirtyLine> {
         let mut fresh = false;
         let mut lines = Vec::new();
         let mut holds = 0;
@@ -439,7 +526,7 @@ impl Cache {
                     sweep.release_if_done();
                     return lines;
                 }
-                *sweep = self.snapshot_dirty();
+                *sweep = snapshot();
                 fresh = true;
             }
             lines.extend(sweep.take(
@@ -447,7 +534,7 @@ impl Cache {
                 batch_lines - lines.len(),
                 PLAN_SCAN_LIMIT,
                 DamagedLines::Skip,
-                &mut want,
+                want,
             ));
             holds += 1;
             if lines.len() >= batch_lines || (!lines.is_empty() && holds >= PLAN_HOLDS) {
@@ -608,10 +695,20 @@ impl Cache {
     /// check (returning false). Returns the ranges that are damaged or unreadable (empty when
     /// everything can be written back).
     pub fn verify_dirty(&self, progress: &mut dyn FnMut(u64) -> bool) -> Result<Vec<DamagedRange>> {
+        self.verify_dirty_of(&|_| true, progress)
+    }
+
+    /// [`Cache::verify_dirty`] of the volumes (by id) `scope` takes: the damage it reports, and
+    /// the lines it reads, are theirs only.
+    fn verify_dirty_of(
+        &self,
+        scope: &dyn Fn(u16) -> bool,
+        progress: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<Vec<DamagedRange>> {
         self.core().check_running()?;
         // Lines dirtied after the snapshot are new writes, checked as every extent is before
         // it is written back (`check_extent`).
-        let mut sweep = self.snapshot_dirty();
+        let mut sweep = self.snapshot_dirty(&|key| scope(volume_of(key)));
         let mut checked = 0u64;
         while !sweep.is_done() {
             let lines = sweep.take(
@@ -619,7 +716,7 @@ impl Cache {
                 VERIFY_CHUNK,
                 VERIFY_CHUNK,
                 DamagedLines::Include,
-                &mut |_| true,
+                &mut |l: &DirtyLine| scope(volume_of(l.key)),
             );
             if lines.is_empty() {
                 continue;
@@ -631,7 +728,7 @@ impl Cache {
                 break;
             }
         }
-        Ok(self.damaged_ranges())
+        Ok(self.damaged_ranges_of(scope))
     }
 
     /// Checks the dirty sectors of one line as it is now, one read per run of dirty sectors;
@@ -691,12 +788,18 @@ impl Cache {
 
     /// The dirty ranges known to be damaged or unreadable, merged, in volume and address order.
     pub fn damaged_ranges(&self) -> Vec<DamagedRange> {
+        self.damaged_ranges_of(&|_| true)
+    }
+
+    /// [`Cache::damaged_ranges`] of the volumes (by id) `scope` takes.
+    fn damaged_ranges_of(&self, scope: &dyn Fn(u16) -> bool) -> Vec<DamagedRange> {
         let line_size = self.layout().line_size;
         let mut sectors: Vec<(u16, u64)> = self
             .core()
             .map()
             .damaged_slots()
             .into_iter()
+            .filter(|(_, key, _)| scope(volume_of(*key)))
             .flat_map(|(_, key, bits)| {
                 (0..256).filter(move |&s| bits.get(s)).map(move |s| {
                     (
@@ -732,9 +835,33 @@ impl Cache {
     /// keeps its older data there) and the change is committed. For an operator who decided
     /// that data is lost (`--discard-damaged`). Returns what was dropped.
     pub fn discard_damaged(&self) -> Result<Vec<DamagedRange>> {
-        let ranges = self.damaged_ranges();
+        self.discard_damaged_of(&|_| true)
+    }
+
+    /// Checks one volume's dirty data (by index in [`Cache::volumes`]) and gives up its damaged
+    /// sectors only, as [`Cache::discard_damaged`] does: `volume remove --discard-damaged`.
+    pub fn discard_damaged_of_volume(
+        &self,
+        volume: usize,
+        progress: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<Vec<DamagedRange>> {
+        let id = self
+            .volumes()
+            .get(volume)
+            .map(|v| v.id())
+            .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
+        let scope = move |v: u16| v == id;
+        self.verify_dirty_of(&scope, progress)?;
+        self.discard_damaged_of(&scope)
+    }
+
+    fn discard_damaged_of(&self, scope: &dyn Fn(u16) -> bool) -> Result<Vec<DamagedRange>> {
+        let ranges = self.damaged_ranges_of(scope);
         let damaged = self.core().map().damaged_slots();
-        for (slot, key, _) in damaged {
+        for (slot, key, _) in damaged
+            .into_iter()
+            .filter(|(_, key, _)| scope(volume_of(*key)))
+        {
             let (volume_id, line) = (volume_of(key), line_of(key));
             let _held = self.core().locks.lock_range(volume_id, line, line);
             self.core().with_map(|map| {
@@ -857,10 +984,17 @@ impl Cache {
     /// A volume (not offline) whose dirty lines reached 90% of its own cap
     /// (`Volume::set_dirty_cap`): the cleaner writes its lines back before its writes must go
     /// around.
-    fn volume_near_dirty_cap(&self) -> Option<u16> {
-        self.volumes()
-            .iter()
-            .filter(|v| v.offline_reason().is_none())
+    /// Taken in turns after `turns.last`, skipping volumes resting after a batch that wrote
+    /// nothing back (review 37: the first one found, stuck on a failing disk, hid the others).
+    fn volume_near_dirty_cap(&self, turns: &CapTurns) -> Option<u16> {
+        let volumes = self.volumes();
+        let start = turns
+            .last
+            .and_then(|id| volumes.iter().position(|v| v.id() == id))
+            .map_or(0, |i| i + 1);
+        (0..volumes.len())
+            .map(|k| &volumes[(start + k) % volumes.len()])
+            .filter(|v| v.offline_reason().is_none() && !turns.resting(v.id()))
             .find(|v| {
                 v.dirty_cap_lines().is_some_and(|cap| {
                     let dirty = self.core().occupancy.of(v.id()).dirty_lines;
@@ -910,6 +1044,7 @@ impl Cache {
         let mut above_high = false;
         let mut oldest: Option<u32> = None;
         let mut oldest_checked = Instant::now() - Duration::from_secs(10);
+        let mut turns = CapTurns::default();
         while !self.cleaner.stop.load(Ordering::Acquire) {
             // Dirty data of offline volumes cannot be written back: the watermarks apply to
             // the other lines (docs/design.md §5.1), and with only that, the cleaner waits.
@@ -941,7 +1076,7 @@ impl Cache {
             if draining && writable == 0 {
                 self.request_drain(false);
             }
-            let capped = self.volume_near_dirty_cap();
+            let capped = self.volume_near_dirty_cap(&turns);
             if writable == 0 || !(draining || above_high || aged || capped.is_some()) {
                 // (The committer commits every second meanwhile.)
                 std::thread::sleep(Duration::from_millis(20));
@@ -978,12 +1113,15 @@ impl Cache {
                 Select::All
             } else if above_high {
                 Select::Coldest
-            } else if let Some(id) = capped {
+            } else if let Some(id) = capped.filter(|_| !(aged && turns.last_was_volume)) {
+                // Aged data of every volume gets every other batch (review 37).
                 Select::Volume(id)
             } else {
                 Select::DirtySince(now.saturating_sub(age_limit))
             };
-            match self.clean_batch_paced(cfg, depth, select, batch, pace) {
+            let result = self.clean_batch_paced(cfg, depth, select, batch, pace);
+            turns.after_batch(select, result.as_ref().map_or(0, |r| r.lines_cleaned));
+            match result {
                 Ok(r) => {
                     if r.lines_cleaned == 0 {
                         if aged && !draining && !above_high {
@@ -1019,14 +1157,17 @@ impl Cache {
         volume: Option<usize>,
         progress: &mut dyn FnMut(u64) -> bool,
     ) -> Result<()> {
-        let (select, dirty_left): (Select, Box<dyn Fn() -> u64 + '_>) =
-            match volume.and_then(|i| self.volumes().get(i)) {
-                Some(v) => (Select::Volume(v.id()), Box::new(|| v.stats().dirty_bytes)),
-                None => (Select::All, Box::new(|| self.writable_dirty_bytes())),
-            };
+        // Only the volumes drained are checked: another's damage (or an offline volume's) must
+        // not hold this up (review 36).
+        let offline = self.offline_volumes();
+        let target = volume.and_then(|i| self.volumes().get(i));
+        let select = target.map_or(Select::All, |v| Select::Volume(v.id()));
+        let scope = |id: u16| target.map_or(!offline.contains(id), |v| id == v.id());
+        let dirty_left =
+            || target.map_or_else(|| self.writable_dirty_bytes(), |v| v.stats().dirty_bytes);
         let left = dirty_left();
         if left > 0 {
-            let damaged = self.verify_dirty(&mut |_| progress(left))?;
+            let damaged = self.verify_dirty_of(&scope, &mut |_| progress(left))?;
             if !damaged.is_empty() {
                 return Err(EngineError::DataDamaged(describe_damage(&damaged)));
             }
@@ -1040,7 +1181,7 @@ impl Cache {
             }
             let r = self.clean_batch(cfg, cfg.max_in_flight, select)?;
             if r.lines_cleaned == 0 {
-                let damaged = self.damaged_ranges();
+                let damaged = self.damaged_ranges_of(&scope);
                 if !damaged.is_empty() {
                     return Err(EngineError::DataDamaged(describe_damage(&damaged)));
                 }

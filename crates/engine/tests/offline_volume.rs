@@ -216,3 +216,69 @@ fn an_offline_volumes_dirty_data_holds_up_neither_mode_changes_nor_the_others_wr
     assert_eq!(cache.volumes()[0].stats().dirty_bytes, 4 * MIB);
     cache.shutdown().expect("shutdown");
 }
+
+/// Damages the cache slot holding `content` (its first 4 KiB).
+fn damage_slot_holding(cache_dev: &CrashDevice, cache: &Cache, content: &[u8]) {
+    let l = cache.layout();
+    let at = (0..l.line_count)
+        .map(|s| l.data_offset + s * l.line_size)
+        .find(|&at| {
+            let mut b = vec![0u8; 4096];
+            cache_dev.read_at(&mut b, at).expect("read");
+            b == content[..4096]
+        })
+        .expect("the slot holding the data");
+    cache_dev.write_at(&[0xEE; 4096], at).expect("damage");
+}
+
+/// Review 36: damaged dirty data of volume a (offline here, as after a reboot without its
+/// disk) kept volume b from a mode change and from its removal, though neither touches a.
+/// Each checks only its own volume's dirty data now; giving up b's damage leaves a's alone.
+#[test]
+fn another_volumes_damage_holds_up_neither_a_mode_change_nor_a_removal() {
+    let (cache_dev, [backing_a, backing_b]) = common::two_volume_cache(CACHE, LINE, SIZES);
+    let a_data = data(11, LINE as usize);
+    let b_data = data(12, MIB as usize);
+    {
+        let cache = open_with(&cache_dev, Some(&backing_a), &backing_b);
+        cache.volumes()[0]
+            .write(0, &a_data, false)
+            .expect("write a");
+        cache.volumes()[1]
+            .write(0, &b_data, false)
+            .expect("write b");
+        cache.shutdown().expect("shutdown");
+    }
+    let cache = open_with(&cache_dev, None, &backing_b);
+    damage_slot_holding(&cache_dev, &cache, &a_data);
+    // Giving up b's damaged data finds none, and leaves a's alone.
+    let dropped = cache
+        .discard_damaged_of_volume(1, &mut |_| true)
+        .expect("check b");
+    assert!(dropped.is_empty(), "b has no damage: {dropped:?}");
+    cache
+        .set_mode(
+            1,
+            CacheMode::WriteThrough,
+            &CleanerConfig::default(),
+            &mut |_| true,
+        )
+        .expect("b's mode changes despite a's damage");
+    cache
+        .empty_volume(1, &CleanerConfig::default(), &mut |_| true)
+        .expect("b is emptied despite a's damage");
+    assert_eq!(cache.volumes()[1].stats().lines_used, 0);
+    backing_b.flush().expect("flush");
+    assert!(backing_b.durable_image()[..MIB as usize] == b_data[..]);
+    assert_eq!(
+        cache.volumes()[0].stats().dirty_bytes,
+        LINE,
+        "a's data is kept"
+    );
+    cache.verify_dirty(&mut |_| true).expect("verify");
+    assert!(
+        cache.damaged_ranges().iter().any(|r| r.volume == "a"),
+        "a's damage is still known"
+    );
+    cache.shutdown().expect("shutdown");
+}
