@@ -217,8 +217,9 @@ fn check_backing_names(sb: &Superblock, overrides: &[(String, PathBuf)]) -> Resu
     Ok(())
 }
 
-/// The index of the volume named by --volume (default: the first), refusing an unknown name.
-fn volume_index(sb: &Superblock, given: Option<&str>) -> Result<usize> {
+/// The index of the volume named by `flag` (--volume; default: the first), refusing an
+/// unknown name.
+fn volume_index(sb: &Superblock, flag: &str, given: Option<&str>) -> Result<usize> {
     let Some(name) = given else {
         return if sb.volumes.is_empty() {
             bail!("the cache has no volume")
@@ -232,7 +233,7 @@ fn volume_index(sb: &Superblock, given: Option<&str>) -> Result<usize> {
         .ok_or_else(|| {
             let known: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
             crate::usage_error(format!(
-                "--volume {name}: the cache has no volume '{name}' (its volumes: {})",
+                "{flag} {name}: the cache has no volume '{name}' (its volumes: {})",
                 known.join(", ")
             ))
         })
@@ -436,17 +437,7 @@ pub fn remove_volume(
 ) -> Result<()> {
     let sb = read_sb(cache_path)?;
     check_backing_names(&sb, overrides)?;
-    let index = sb
-        .volumes
-        .iter()
-        .position(|v| v.name == name)
-        .ok_or_else(|| {
-            let known: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
-            crate::usage_error(format!(
-                "the cache has no volume '{name}' (its volumes: {})",
-                known.join(", ")
-            ))
-        })?;
+    let index = volume_index(&sb, "--name", Some(name))?;
     if sb.volumes.len() == 1 {
         return Err(crate::usage_error(format!(
             "'{name}' is the cache's only volume; to stop using the cache for it, run `ssdcache \
@@ -590,7 +581,7 @@ pub fn detach(args: DetachArgs) -> Result<()> {
 
 pub fn recover(args: RecoverArgs) -> Result<()> {
     let (dev, sb) = open_cache_device(&args.cache)?;
-    let target = volume_index(&sb, args.volume.as_deref())?;
+    let target = volume_index(&sb, "--volume", args.volume.as_deref())?;
     let mut backings = Vec::new();
     for (i, v) in sb.volumes.iter().enumerate() {
         if i != target {
@@ -652,7 +643,7 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
 
 pub fn set_mode(args: SetModeArgs) -> Result<()> {
     let sb = read_sb(&args.cache)?;
-    let index = volume_index(&sb, args.volume.as_deref())?;
+    let index = volume_index(&sb, "--volume", args.volume.as_deref())?;
     let name = sb.volumes[index].name.clone();
     let mode = args.mode.mode();
     let request = format!("set-mode {name} {}", mode.name());

@@ -845,11 +845,7 @@ impl Cache {
         volume: usize,
         progress: &mut dyn FnMut(u64) -> bool,
     ) -> Result<Vec<DamagedRange>> {
-        let id = self
-            .volumes()
-            .get(volume)
-            .map(|v| v.id())
-            .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
+        let id = self.volume_at(volume)?.id();
         let scope = move |v: u16| v == id;
         self.verify_dirty_of(&scope, progress)?;
         self.discard_damaged_of(&scope)
@@ -1231,6 +1227,13 @@ impl Cache {
             .sum()
     }
 
+    /// The volume at `index` in [`Cache::volumes`], or an error naming the index.
+    fn volume_at(&self, index: usize) -> Result<&Arc<Volume>> {
+        self.volumes()
+            .get(index)
+            .ok_or_else(|| EngineError::Format(format!("no volume {index}")))
+    }
+
     /// Empties a volume before its slot is removed from the superblock (`ssdcache volume
     /// remove`, with no client connected): its dirty data is written back (with `progress`,
     /// which may stop it), then every line of it is dropped, so no record in the checkpoint
@@ -1243,10 +1246,7 @@ impl Cache {
         cfg: &CleanerConfig,
         progress: &mut dyn FnMut(u64) -> bool,
     ) -> Result<()> {
-        let v = self
-            .volumes()
-            .get(volume)
-            .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
+        let v = self.volume_at(volume)?;
         if let Some(reason) = v.offline_reason() {
             if v.stats().dirty_bytes > 0 {
                 return Err(EngineError::VolumeOffline {
@@ -1331,10 +1331,7 @@ impl Cache {
         cfg: &CleanerConfig,
         progress: &mut dyn FnMut(u64) -> bool,
     ) -> Result<()> {
-        let v = self
-            .volumes()
-            .get(volume)
-            .ok_or_else(|| EngineError::Format(format!("no volume {volume}")))?;
+        let v = self.volume_at(volume)?;
         if v.configured_mode() == CacheMode::WriteBack && mode != CacheMode::WriteBack {
             // Writes go through from here on (once those in flight finished), so the drain
             // below sees all the dirty data; the configured (persisted) mode changes only

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::{data, Rng, MIB};
 use ssdcache_device::BlockDevice;
 use ssdcache_devsim::CrashDevice;
-use ssdcache_engine::{read_superblock, Cache, CleanerConfig};
+use ssdcache_engine::{Cache, CleanerConfig};
 
 const LINE: u64 = 64 << 10;
 const CACHE: u64 = 16 * MIB;
@@ -23,13 +23,7 @@ fn two_volume_cache() -> (Arc<CrashDevice>, [Arc<CrashDevice>; 2]) {
 }
 
 fn open(cache_dev: &Arc<CrashDevice>, backings: &[Arc<CrashDevice>; 2]) -> Cache {
-    let sb = read_superblock(&**cache_dev).expect("superblock");
-    let b: Vec<Arc<dyn BlockDevice>> = backings
-        .iter()
-        .map(|d| d.clone() as Arc<dyn BlockDevice>)
-        .collect();
-    let (cache, _) = Cache::open(cache_dev.clone(), sb, b).expect("open");
-    cache
+    common::open_crash(cache_dev, &[&backings[0], &backings[1]])
 }
 
 fn assert_matches(cache: &Cache, models: &[Vec<u8>; 2], what: &str) {

@@ -43,14 +43,6 @@ fn open_with(
     cache
 }
 
-fn read(cache: &Cache, volume: usize, offset: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    cache.volumes()[volume]
-        .read(offset, &mut buf)
-        .expect("read");
-    buf
-}
-
 #[test]
 fn an_offline_volume_keeps_its_dirty_data_while_the_other_serves() {
     let (cache_dev, [backing_a, backing_b]) = common::two_volume_cache(CACHE, LINE, SIZES);
@@ -123,10 +115,10 @@ fn an_offline_volume_keeps_its_dirty_data_while_the_other_serves() {
     let (cache, _) = Cache::open(cache_dev.clone(), sb, backings).expect("open");
     assert_eq!(cache.volumes()[0].stats().state, VolumeState::Healthy);
     assert!(
-        read(&cache, 0, 0, MIB as usize) == a_data,
+        common::read_volume(&cache, 0, 0, MIB as usize) == a_data,
         "a's data after the disk came back"
     );
-    assert!(read(&cache, 1, MIB, MIB as usize) == b_data);
+    assert!(common::read_volume(&cache, 1, MIB, MIB as usize) == b_data);
     cache
         .drain(&CleanerConfig::default(), &mut |_| true)
         .expect("drain");

@@ -10,28 +10,11 @@ use std::sync::Arc;
 use common::{data, identity, MIB};
 use ssdcache_device::BlockDevice;
 use ssdcache_devsim::CrashDevice;
-use ssdcache_engine::{read_superblock, write_superblock, Cache, CleanerConfig};
+use ssdcache_engine::{read_superblock, write_superblock, CleanerConfig};
 
 const LINE: u64 = 64 << 10;
 const CACHE: u64 = 16 * MIB;
 const SIZES: [u64; 2] = [8 * MIB, 8 * MIB];
-
-fn open(cache_dev: &Arc<CrashDevice>, backings: &[&Arc<CrashDevice>]) -> Cache {
-    let sb = read_superblock(&**cache_dev).expect("superblock");
-    let b: Vec<Arc<dyn BlockDevice>> = backings
-        .iter()
-        .map(|d| (*d).clone() as Arc<dyn BlockDevice>)
-        .collect();
-    Cache::open(cache_dev.clone(), sb, b).expect("open").0
-}
-
-fn read(cache: &Cache, volume: usize, offset: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    cache.volumes()[volume]
-        .read(offset, &mut buf)
-        .expect("read");
-    buf
-}
 
 #[test]
 fn a_removed_volume_leaves_nothing_a_new_volume_in_its_slot_could_read() {
@@ -39,7 +22,7 @@ fn a_removed_volume_leaves_nothing_a_new_volume_in_its_slot_could_read() {
     let a_data = data(1, 2 * MIB as usize);
     let b_dirty = data(2, MIB as usize);
     let b_clean = data(3, MIB as usize);
-    let cache = open(&cache_dev, &[&backing_a, &backing_b]);
+    let cache = common::open_crash(&cache_dev, &[&backing_a, &backing_b]);
     cache.volumes()[0]
         .write(0, &a_data, false)
         .expect("write a");
@@ -50,7 +33,7 @@ fn a_removed_volume_leaves_nothing_a_new_volume_in_its_slot_could_read() {
     cache
         .drain(&CleanerConfig::default(), &mut |_| true)
         .expect("drain");
-    assert!(read(&cache, 1, 2 * MIB, MIB as usize) == b_clean);
+    assert!(common::read_volume(&cache, 1, 2 * MIB, MIB as usize) == b_clean);
     cache.volumes()[1]
         .write(0, &b_dirty, false)
         .expect("write b");
@@ -105,15 +88,17 @@ fn a_removed_volume_leaves_nothing_a_new_volume_in_its_slot_could_read() {
     sb.sequence += 1;
     write_superblock(&*cache_dev, &sb).expect("write superblock");
     let backing_c = Arc::new(CrashDevice::new("backing-c", SIZES[1]));
-    let cache = open(&cache_dev, &[&backing_a, &backing_c]);
+    let cache = common::open_crash(&cache_dev, &[&backing_a, &backing_c]);
     assert_eq!(cache.volumes()[1].name(), "c");
     assert_eq!(cache.volumes()[1].stats().lines_used, 0, "c starts empty");
     assert!(
-        read(&cache, 1, 0, 3 * MIB as usize).iter().all(|&b| b == 0),
+        common::read_volume(&cache, 1, 0, 3 * MIB as usize)
+            .iter()
+            .all(|&b| b == 0),
         "c reads its own device (zeroes), not b's data"
     );
     assert!(
-        read(&cache, 0, 0, 2 * MIB as usize) == a_data,
+        common::read_volume(&cache, 0, 0, 2 * MIB as usize) == a_data,
         "a kept its data"
     );
     assert_eq!(cache.volumes()[0].stats().dirty_bytes, a_dirty_before);

@@ -332,3 +332,22 @@ pub fn two_volume_cache(
     ];
     (cache_dev, backings)
 }
+
+/// Opens a cache on crash-simulating devices, `backings[i]` the device of volume `i`.
+pub fn open_crash(cache_dev: &Arc<CrashDevice>, backings: &[&Arc<CrashDevice>]) -> Cache {
+    let sb = read_superblock(&**cache_dev).expect("superblock");
+    let b: Vec<Arc<dyn BlockDevice>> = backings
+        .iter()
+        .map(|d| (*d).clone() as Arc<dyn BlockDevice>)
+        .collect();
+    Cache::open(cache_dev.clone(), sb, b).expect("open").0
+}
+
+/// Reads `len` bytes at `offset` of volume `volume` (by index).
+pub fn read_volume(cache: &Cache, volume: usize, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    cache.volumes()[volume]
+        .read(offset, &mut buf)
+        .expect("read");
+    buf
+}
