@@ -91,8 +91,9 @@ const DRAIN_BUSY_ROUNDS: u32 = 3000;
 pub(crate) struct CleanerState {
     /// The address-ordered sweep under way (`Select::All`, `Select::DirtySince`).
     sweep: Mutex<DirtySweep>,
-    /// The sweep of one volume's lines (`Select::Volume`), and which volume's.
-    volume_sweep: Mutex<(u16, DirtySweep)>,
+    /// The sweeps of single volumes' lines (`Select::Volume`), one per volume: capped volumes
+    /// are served in turns, and one shared sweep would start over at each turn (review 38).
+    volume_sweeps: Mutex<HashMap<u16, DirtySweep>>,
     draining: AtomicBool,
     stop: Arc<AtomicBool>,
     /// When the oldest dirty line the cleaner can write back became dirty (`now_secs`), as
@@ -108,7 +109,7 @@ impl Default for CleanerState {
     fn default() -> Self {
         CleanerState {
             sweep: Default::default(),
-            volume_sweep: Mutex::new((0, DirtySweep::new(Vec::new()))),
+            volume_sweeps: Default::default(),
             draining: AtomicBool::new(false),
             stop: Default::default(),
             oldest_dirty_since: AtomicU64::new(u64::MAX),
@@ -339,6 +340,9 @@ impl Cache {
         self.pass_over_unwritten(&extents, &outcomes);
         self.resume_sweep_at_deferred(select, &extents, &outcomes);
         self.lock_sweep().release_if_done();
+        // Finished sweeps go: their memory, and a fresh snapshot at the next turn.
+        self.lock_volume_sweeps()
+            .retain(|_, sweep| !sweep.is_done());
         // Clean before forgetting: nothing is recorded clean until the backing device says
         // the data is durable.
         for (vol, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
@@ -397,9 +401,8 @@ impl Cache {
             .min();
         match (select, first_deferred) {
             (Select::Volume(id), Some(key)) => {
-                let mut guard = self.lock_volume_sweep();
-                if guard.0 == id {
-                    guard.1.rewind_to(key);
+                if let Some(sweep) = self.lock_volume_sweeps().get_mut(&id) {
+                    sweep.rewind_to(key);
                 }
             }
             (_, Some(key)) => self.lock_sweep().rewind_to(key),
@@ -407,10 +410,10 @@ impl Cache {
         }
     }
 
-    fn lock_volume_sweep(&self) -> crate::sync::MutexGuard<'_, (u16, DirtySweep)> {
+    fn lock_volume_sweeps(&self) -> crate::sync::MutexGuard<'_, HashMap<u16, DirtySweep>> {
         // Changed only in short non-panicking sections, as the shared sweep.
         self.cleaner
-            .volume_sweep
+            .volume_sweeps
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
@@ -492,12 +495,12 @@ impl Cache {
             // A sweep of its own: taking one volume's lines from the shared sweep would use
             // up the other volumes' entries, delaying their aged lines by a whole cycle
             // (review 37).
-            let mut guard = self.lock_volume_sweep();
-            if guard.0 != id {
-                *guard = (id, DirtySweep::new(Vec::new()));
-            }
+            let mut sweeps = self.lock_volume_sweeps();
+            let sweep = sweeps
+                .entry(id)
+                .or_insert_with(|| DirtySweep::new(Vec::new()));
             let snapshot = || self.snapshot_dirty(&|key| volume_of(key) == id);
-            return self.plan_from(&mut guard.1, batch_lines, &mut want, &snapshot);
+            return self.plan_from(sweep, batch_lines, &mut want, &snapshot);
         }
         let snapshot = || self.snapshot_dirty(&|_| true);
         self.plan_from(&mut self.lock_sweep(), batch_lines, &mut want, &snapshot)
@@ -847,7 +850,15 @@ impl Cache {
     ) -> Result<Vec<DamagedRange>> {
         let id = self.volume_at(volume)?.id();
         let scope = move |v: u16| v == id;
-        self.verify_dirty_of(&scope, progress)?;
+        let mut stopped = false;
+        self.verify_dirty_of(&scope, &mut |checked| {
+            stopped = !progress(checked);
+            !stopped
+        })?;
+        if stopped {
+            // Interrupted: nothing is given up on a partial check (review 38).
+            return Ok(Vec::new());
+        }
         self.discard_damaged_of(&scope)
     }
 
@@ -1156,7 +1167,7 @@ impl Cache {
         // Only the volumes drained are checked: another's damage (or an offline volume's) must
         // not hold this up (review 36).
         let offline = self.offline_volumes();
-        let target = volume.and_then(|i| self.volumes().get(i));
+        let target = volume.map(|i| self.volume_at(i)).transpose()?;
         let select = target.map_or(Select::All, |v| Select::Volume(v.id()));
         let scope = |id: u16| target.map_or(!offline.contains(id), |v| id == v.id());
         let dirty_left =
