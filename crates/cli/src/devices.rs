@@ -158,7 +158,7 @@ pub fn open_backing(
     let what = format!("backing device of volume '{}'", slot.name);
     let dev = open_device(&path, &what, true, true).map_err(|e| {
         if is_absent(&e) {
-            anyhow::Error::new(AbsentDevice(format!(
+            anyhow::Error::new(NotThere::Absent(format!(
                 "{e:#}; if the disk moved, point to it with --backing {}=PATH.{}",
                 slot.name,
                 at_risk()
@@ -171,7 +171,7 @@ pub fn open_backing(
         .with_context(|| format!("cannot identify {}", path.display()))?;
     if let Some(why) = identity::mismatch(&slot.backing, &found) {
         let at_risk = at_risk();
-        return Err(anyhow::Error::new(WrongDevice(format!(
+        return Err(anyhow::Error::new(NotThere::Wrong(format!(
             "refusing to serve volume '{}': {} is not the backing device this cache was created for ({why}). \
              Point to the right device with --backing {}=PATH.{}",
             slot.name,
@@ -188,9 +188,24 @@ pub fn open_backing(
     Ok(dev)
 }
 
-/// A backing device that is there but is not the one recorded at create.
+/// Why a volume's recorded backing device cannot be used, when that takes only its volume
+/// offline: nothing at the path (a disk missing after a reboot, or appearing late), or
+/// another device there. Carries the message for the user.
 #[derive(Debug)]
-pub struct WrongDevice(String);
+pub enum NotThere {
+    Absent(String),
+    Wrong(String),
+}
+
+impl std::fmt::Display for NotThere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotThere::Absent(m) | NotThere::Wrong(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for NotThere {}
 
 /// A stop (SIGTERM, SIGINT) asked for while waiting for absent backing devices; carries why.
 #[derive(Debug)]
@@ -203,25 +218,6 @@ impl std::fmt::Display for StoppedWaiting {
 }
 
 impl std::error::Error for StoppedWaiting {}
-
-/// No device at a backing device's path (a disk missing after a reboot, or appearing late).
-#[derive(Debug)]
-pub struct AbsentDevice(String);
-
-impl std::fmt::Display for WrongDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::fmt::Display for AbsentDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for WrongDevice {}
-impl std::error::Error for AbsentDevice {}
 
 /// Whether an open failed because nothing is at the path: ENOENT, or a device node without
 /// its device (ENXIO, ENODEV, ENOMEDIUM).
@@ -252,12 +248,10 @@ enum Unavailable {
 }
 
 fn unavailable(e: &anyhow::Error) -> Unavailable {
-    if e.downcast_ref::<WrongDevice>().is_some() {
-        Unavailable::Wrong
-    } else if e.downcast_ref::<AbsentDevice>().is_some() {
-        Unavailable::Absent
-    } else {
-        Unavailable::Refused
+    match e.downcast_ref::<NotThere>() {
+        Some(NotThere::Absent(_)) => Unavailable::Absent,
+        Some(NotThere::Wrong(_)) => Unavailable::Wrong,
+        None => Unavailable::Refused,
     }
 }
 
