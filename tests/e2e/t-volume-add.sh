@@ -2,7 +2,7 @@
 # `ssdcache volume add`: one cache, three backing files, three exports in mixed modes served
 # at once; each export's data lands on its own backing device only; stats per volume add up to
 # the cache's; kill -9 with dirty data on two write-back volumes and a restart lose nothing;
-# refusals (a name or backing device in use, a running daemon) name the problem.
+# refusals (a name or backing device in use, a --control no daemon answers on) name the problem.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io qemu-img jq truncate cmp
 require_bin
@@ -22,8 +22,10 @@ info=$("$SSDCACHE_BIN" info --cache cache.img --json)
 assert_eq "$(jq -r '[.volumes[].name] | join(",")' <<<"$info")" "a,b,c" "volumes after two adds"
 
 start_server "$TEST_DIR/nbd.sock" --cache cache.img --writeback-max-age 3600
-expect_status 1 "volume add while serving" "in use" \
-    "$SSDCACHE_BIN" volume add --cache cache.img --backing d.img --name d
+# (Adding while serving goes through the daemon: t-volume-add-online.) A --control socket
+# no daemon answers on is refused, not taken as "no daemon, change the stopped cache".
+expect_status 1 "volume add with a dead --control" "no daemon answers on control socket" \
+    "$SSDCACHE_BIN" volume add --cache cache.img --backing d.img --name d --control "$TEST_DIR/none.ctl"
 for v in a b c; do
     head -c 4M /dev/urandom >"want-$v.bin"
     qemu-io -f raw -c "write -s want-$v.bin 1M 4M" "$(nbd_uri "$SOCK" "$v")" >/dev/null || fail "write to $v"

@@ -1,6 +1,7 @@
 //! The control socket: one request line in, one JSON reply line out. Requests: `stats`,
-//! `info`, `flush` (start writing back everything), `flush-stop`, `commit`, and
-//! `set-mode NAME MODE`.
+//! `info`, `flush` (start writing back everything), `flush-stop`, `commit`,
+//! `set-mode NAME MODE`, and JSON objects for requests with paths in them:
+//! `{"request": "volume-add", ...}` (`volume::AddSpec`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ssdcache_engine::Cache;
+use ssdcache_nbd::Server;
 use ssdcache_trace::record::Recorder;
 
 use crate::report;
@@ -125,19 +127,28 @@ pub fn link(target: &Path, link: &Path) -> Result<PathBuf> {
     Ok(link.to_owned())
 }
 
-/// Answers requests on a thread of its own until the process exits.
-pub fn spawn(
-    listener: UnixListener,
-    cache: Arc<Cache>,
-    cache_path: PathBuf,
-    recorder: Option<Arc<Recorder>>,
-    wear: Arc<WearWatch>,
-) -> Result<()> {
+/// What the control socket's requests act on: the serving daemon's parts.
+pub struct Daemon {
+    pub cache: Arc<Cache>,
+    pub cache_path: PathBuf,
+    /// Volumes added while serving get their export here.
+    pub server: Arc<Server>,
+    /// `serve --read-only`: added volumes are exported read-only too.
+    pub read_only: bool,
+    /// `serve --emulate-hdd`: added volumes' backing devices are slowed the same way.
+    pub emulate_hdd: bool,
+    pub recorder: Option<Arc<Recorder>>,
+    pub wear: Arc<WearWatch>,
+}
+
+/// Answers requests on a thread of its own until the process exits. One request at a time:
+/// two volume additions never race.
+pub fn spawn(listener: UnixListener, daemon: Daemon) -> Result<()> {
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                if let Err(e) = answer(conn, &cache, &cache_path, recorder.as_deref(), &wear) {
+                if let Err(e) = answer(conn, &daemon) {
                     tracing::debug!("control request failed: {e:#}");
                 }
             }
@@ -146,18 +157,53 @@ pub fn spawn(
     Ok(())
 }
 
-fn answer(
-    conn: UnixStream,
-    cache: &Cache,
-    cache_path: &Path,
-    recorder: Option<&Recorder>,
-    wear: &WearWatch,
-) -> Result<()> {
+fn answer(conn: UnixStream, daemon: &Daemon) -> Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(conn.try_clone()?.take(4096)).read_line(&mut line)?;
+    let reply = if line.trim_start().starts_with('{') {
+        answer_json(&line, daemon)
+    } else {
+        answer_words(&line, daemon)?
+    };
+    let mut out = serde_json::to_vec(&reply)?;
+    out.push(b'\n');
+    (&conn).write_all(&out)?;
+    Ok(())
+}
+
+/// A request given as a JSON object (`{"request": NAME, ...}`): those carrying paths.
+fn answer_json(line: &str, daemon: &Daemon) -> serde_json::Value {
+    let request: serde_json::Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return serde_json::json!({ "error": format!("bad JSON request: {e}") }),
+    };
+    let result = match request["request"].as_str() {
+        Some("volume-add") => crate::volume::add_online(daemon, &request),
+        other => Err(anyhow::anyhow!(
+            "unknown JSON request {other:?}; known: volume-add"
+        )),
+    };
+    result.unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }))
+}
+
+fn answer_words(line: &str, daemon: &Daemon) -> Result<serde_json::Value> {
+    let Daemon {
+        cache,
+        cache_path,
+        recorder,
+        wear,
+        ..
+    } = daemon;
     let words: Vec<&str> = line.split_whitespace().collect();
-    let stats = || report::live_stats(cache, cache_path, recorder.map(Recorder::status), wear);
+    let stats = || {
+        report::live_stats(
+            cache,
+            cache_path,
+            recorder.as_deref().map(Recorder::status),
+            wear,
+        )
+    };
     let reply = match words.as_slice() {
         ["stats"] => serde_json::to_value(stats())?,
         ["info"] => serde_json::to_value(report::live_info(cache, cache_path))?,
@@ -180,15 +226,12 @@ fn answer(
         },
         _ => serde_json::json!({
             "error": format!(
-                "unknown request {:?}; known: stats, info, flush, flush-stop, commit, set-mode NAME MODE",
+                "unknown request {:?}; known: stats, info, flush, flush-stop, commit, set-mode NAME MODE, {{\"request\": \"volume-add\", ...}}",
                 line.trim()
             )
         }),
     };
-    let mut out = serde_json::to_vec(&reply)?;
-    out.push(b'\n');
-    (&conn).write_all(&out)?;
-    Ok(())
+    Ok(reply)
 }
 
 /// Sends one request to a daemon; `None` when no daemon listens there.

@@ -318,7 +318,7 @@ impl CacheCollector {
             Some(&Unit::Seconds),
             MetricType::Histogram,
         )?;
-        for volume in self.cache.volumes() {
+        for volume in self.cache.volumes().iter() {
             for h in volume.latencies() {
                 let (kind, outcome) = h.kind.labels();
                 let labels: Labels = vec![

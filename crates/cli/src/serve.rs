@@ -430,7 +430,7 @@ fn record_settings(args: &ServeArgs, file: &FileConfig) -> Result<Option<(PathBu
     Ok(Some((path, config)))
 }
 
-fn with_hdd_model(dev: Arc<dyn BlockDevice>, emulate: bool) -> Arc<dyn BlockDevice> {
+pub(crate) fn with_hdd_model(dev: Arc<dyn BlockDevice>, emulate: bool) -> Arc<dyn BlockDevice> {
     if !emulate {
         return dev;
     }
@@ -460,6 +460,7 @@ fn errno(e: EngineError) -> Errno {
         EngineError::Backing { .. }
         | EngineError::CacheDevice { .. }
         | EngineError::Format(_)
+        | EngineError::AddRefused { .. }
         | EngineError::DataDamaged(_)
         | EngineError::Invariant(_)
         | EngineError::Halted(_) => Errno::Io,
@@ -595,25 +596,32 @@ fn exports(cache: &Cache, read_only: bool, recorder: Option<&Recorder>) -> Vec<S
         .volumes()
         .iter()
         .filter(|v| v.offline_reason().is_none())
-        .map(|v| {
-            let ro = read_only || v.read_only();
-            ServerExport {
-                info: ExportInfo {
-                    name: v.name().to_owned(),
-                    description: format!("ssdcache volume {} ({})", v.name(), v.mode()),
-                    size: v.size(),
-                    flags: transmission_flags(ro),
-                    min_block: 4096,
-                    preferred_block: v.line_size().min(u64::from(MAX_REQUEST)) as u32,
-                    max_block: MAX_REQUEST,
-                },
-                backend: Arc::new(VolumeExport {
-                    volume: v.clone(),
-                    recorder: recorder.map(|r| r.volume(v.name())),
-                }),
-            }
-        })
+        .map(|v| volume_export(v, read_only, recorder))
         .collect()
+}
+
+/// The NBD export of a volume (its name is the export's).
+pub(crate) fn volume_export(
+    v: &Arc<Volume>,
+    read_only: bool,
+    recorder: Option<&Recorder>,
+) -> ServerExport {
+    let ro = read_only || v.read_only();
+    ServerExport {
+        info: ExportInfo {
+            name: v.name().to_owned(),
+            description: format!("ssdcache volume {} ({})", v.name(), v.mode()),
+            size: v.size(),
+            flags: transmission_flags(ro),
+            min_block: 4096,
+            preferred_block: v.line_size().min(u64::from(MAX_REQUEST)) as u32,
+            max_block: MAX_REQUEST,
+        },
+        backend: Arc::new(VolumeExport {
+            volume: v.clone(),
+            recorder: recorder.map(|r| r.volume(v.name())),
+        }),
+    }
 }
 
 /// The cache device and its superblock with the config file's settings applied, read without
@@ -800,10 +808,9 @@ fn serve(
 
 /// What `systemctl status` shows while serving.
 fn serving_status(cache: &Cache) -> String {
-    let (online, offline): (Vec<_>, Vec<_>) = cache
-        .volumes()
-        .iter()
-        .partition(|v| v.offline_reason().is_none());
+    let volumes = cache.volumes();
+    let (online, offline): (Vec<_>, Vec<_>) =
+        volumes.iter().partition(|v| v.offline_reason().is_none());
     let online: Vec<String> = online
         .iter()
         .map(|v| format!("'{}' ({})", v.name(), v.mode()))
@@ -841,10 +848,15 @@ fn start_serving(
     wear.spawn()?;
     control::spawn(
         control,
-        cache.clone(),
-        s.cache.clone(),
-        recorder.clone(),
-        wear.clone(),
+        control::Daemon {
+            cache: cache.clone(),
+            cache_path: s.cache.clone(),
+            server: server.clone(),
+            read_only: s.read_only,
+            emulate_hdd: s.emulate_hdd,
+            recorder: recorder.clone(),
+            wear: wear.clone(),
+        },
     )?;
     if let Some(metrics) = metrics {
         crate::metrics::spawn(metrics, cache.clone(), wear)?;
@@ -863,7 +875,7 @@ fn start_serving(
         );
     }
     cache.set_dirty_limit(s.dirty_limit);
-    for v in cache.volumes() {
+    for v in cache.volumes().iter() {
         let cap = s.tuning.volume_dirty_limit(v.name());
         v.set_dirty_cap(cap);
         if let Some(lines) = v.dirty_cap_lines() {

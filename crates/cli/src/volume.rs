@@ -1,19 +1,21 @@
-//! `ssdcache volume add` and `remove`, on a stopped cache. The cache's lines stay one pool
-//! ranked by one policy, so whichever volume is hot gets the space; a new volume is served as
-//! its own NBD export at the next `serve`. Adding changes only the superblock (a free volume
-//! slot filled, both copies written in turn). A slot freed by `remove` may be filled again:
+//! `ssdcache volume add` and `remove`. The cache's lines stay one pool ranked by one policy,
+//! so whichever volume is hot gets the space. Adding changes only the superblock (a free
+//! volume slot filled, both copies written in turn): on a stopped cache here, the new volume
+//! served at the next `serve`; through the daemon serving the cache (`add_online`), the new
+//! export served at once. A slot freed by `remove` (stopped cache) may be filled again:
 //! `remove` drops every line of its volume before the slot goes (`Cache::empty_volume`), and
-//! `add` checks, before it writes anything, that the cache's metadata names no line under the
-//! slot's id, so a new volume can never be served a removed one's data.
+//! `add` checks, before it writes anything, that the cache's metadata (offline) or map
+//! (online, `Cache::add_volume`) names no line under the slot's id, so a new volume can never
+//! be served a removed one's data.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use ssdcache_device::{identity, BlockDevice};
 use ssdcache_engine::admission::Admission;
 use ssdcache_format::superblock::MAX_VOLUMES;
-use ssdcache_format::{CacheState, VolumeCounters, VolumeSlot};
+use ssdcache_format::{CacheState, Superblock, VolumeCounters, VolumeSlot};
 
 use crate::devices::{check_kind, open_cache_device, open_device, same_device};
 use crate::size::{human, parse_size};
@@ -21,7 +23,19 @@ use crate::ModeArg;
 
 #[derive(Subcommand)]
 pub enum VolumeCommand {
-    /// Add a backing device to a stopped cache as a new volume (its own NBD export)
+    /// Add a backing device to a cache as a new volume (its own NBD export)
+    #[command(
+        long_about = "Adds a backing device to a cache as a new volume, served as its own NBD \
+export named after it. The cache's lines are one pool shared by every volume, ranked by one \
+policy: whichever volume is hot gets the space.\n\n\
+While a daemon serves the cache, it adds the volume at once: the daemon opens and locks the \
+backing device, records the volume in the superblock, and the new export is listed and served \
+from then on; the other volumes' clients are not interrupted. Otherwise the stopped cache is \
+changed and the volume is served at the next `ssdcache serve`.\n\n\
+The backing device is read to learn its identity (kind, size, serial or inode), never written \
+by the addition. Up to 32 volumes fit in one cache. Refused: a name or device another volume \
+has, the cache device itself, a cache that was not stopped cleanly (offline addition only)."
+    )]
     Add(AddArgs),
     /// Remove a volume from a stopped cache, writing its dirty data back first
     #[command(
@@ -58,10 +72,11 @@ pub struct RemoveArgs {
 
 #[derive(Args)]
 pub struct AddArgs {
-    /// Cache device or file made by `ssdcache create` (stopped: no daemon may hold it)
+    /// Cache device or file made by `ssdcache create` (served by a daemon, or stopped)
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
     /// Backing device or file of the new volume; read to learn its identity, never written
+    /// by the addition
     #[arg(long, value_name = "PATH")]
     backing: PathBuf,
     /// Volume name, also the NBD export name [default: the backing file's name]
@@ -77,6 +92,23 @@ pub struct AddArgs {
     /// Which missed lines are cached: `always`, or `N-hit` (see `ssdcache create --help`)
     #[arg(long, value_name = "always|N-hit", default_value_t = ssdcache_engine::admission::DEFAULT_ADMISSION)]
     admission: Admission,
+    /// The serving daemon's control socket [default: the one of the daemon serving the cache,
+    /// if any; without one the stopped cache is changed]
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+}
+
+/// What a new volume is to be, as `add` takes it and sends it to a daemon.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct AddSpec {
+    /// Absolute: the daemon's working directory is not the user's.
+    backing: PathBuf,
+    name: String,
+    /// As `--mode` takes it (`write-back`, ...).
+    mode: String,
+    sequential_cutoff: u64,
+    /// As `--admission` takes it (`always`, `N-hit`).
+    admission: String,
 }
 
 pub fn run(command: VolumeCommand) -> Result<()> {
@@ -101,6 +133,34 @@ fn add(args: AddArgs) -> Result<()> {
         )));
     }
     let name = crate::create::volume_name(args.name.as_deref(), &args.backing)?;
+    let seen = crate::devices::read_cache(&args.cache)?.1.superblock;
+    refuse_taken_name(&seen, &name, &args.cache)?;
+    let spec = AddSpec {
+        backing: std::fs::canonicalize(&args.backing)
+            .with_context(|| format!("cannot resolve {}", args.backing.display()))?,
+        name: name.clone(),
+        mode: args.mode.mode().name().to_owned(),
+        sequential_cutoff: args.sequential_cutoff,
+        admission: args.admission.to_string(),
+    };
+    let request = serde_json::to_string(&serde_json::json!({
+        "request": "volume-add",
+        "spec": spec,
+    }))?;
+    if let Some((ctl, answer)) = crate::writeback::ask_daemon(&seen, &args.control, &request)? {
+        println!(
+            "added volume '{name}' ({}, admission {}) to cache {} through the daemon at {}: \
+             backing {} ({}), served now as NBD export '{name}'; {} volumes now",
+            args.mode.mode(),
+            args.admission,
+            args.cache.display(),
+            ctl.display(),
+            spec.backing.display(),
+            human(answer["size"].as_u64().unwrap_or(0)),
+            answer["volumes"].as_u64().unwrap_or(0)
+        );
+        return Ok(());
+    }
     // Locked: a daemon serving the cache, or any other ssdcache command on it, makes this fail.
     let (cache, mut sb) = open_cache_device(&args.cache)?;
     if sb.state == CacheState::Running {
@@ -110,50 +170,11 @@ fn add(args: AddArgs) -> Result<()> {
             args.cache.display()
         );
     }
-    if sb.volume_by_name(&name).is_some() {
-        return Err(crate::usage_error(format!(
-            "cache {} already has a volume named '{name}'; choose another with --name",
-            args.cache.display()
-        )));
-    }
-    let Some(id) = (0..MAX_VOLUMES as u16).find(|id| sb.volumes.iter().all(|v| v.id != *id)) else {
-        bail!(
-            "cache {} has {MAX_VOLUMES} volumes, the most its format holds",
-            args.cache.display()
-        );
-    };
+    refuse_taken_name(&sb, &name, &args.cache)?;
     let backing = open_device(&args.backing, "backing device", false, true)?;
-    let ident = identity::probe(&args.backing, backing.size())
-        .with_context(|| format!("cannot identify backing device {}", args.backing.display()))?;
-    if let Some(other) = sb.volumes.iter().find(|v| {
-        v.backing.stable_id == ident.stable_id
-            || (v.backing.st_dev, v.backing.st_ino, v.backing.st_rdev)
-                == (ident.st_dev, ident.st_ino, ident.st_rdev)
-    }) {
-        bail!(
-            "{} is already the backing device of volume '{}'; a device can back one volume only",
-            args.backing.display(),
-            other.name
-        );
-    }
-    let policy = sb
-        .volumes
-        .first()
-        .map_or(ssdcache_engine::policy::default_id(), |v| v.policy);
-    sb.volumes.push(VolumeSlot {
-        id,
-        uuid: *uuid::Uuid::new_v4().as_bytes(),
-        name: name.clone(),
-        mode: args.mode.mode(),
-        read_only: false,
-        backing: ident,
-        policy,
-        admission: args.admission.to_disk(),
-        sequential_cutoff: args.sequential_cutoff,
-        counters: VolumeCounters::default(),
-        dirty_lines: 0,
-        dirty_bytes: 0,
-    });
+    let slot = new_slot(&sb, &spec, &*backing, &args.cache)?;
+    let id = slot.id;
+    sb.volumes.push(slot);
     sb.volumes.sort_by_key(|v| v.id);
     refuse_stale_lines(&*cache, &sb, id)?;
     sb.sequence += 1;
@@ -171,6 +192,145 @@ fn add(args: AddArgs) -> Result<()> {
     );
     println!("next: ssdcache serve --cache {}", args.cache.display());
     Ok(())
+}
+
+/// Refuses a name a volume of the cache has (a usage error: the user chooses names).
+fn refuse_taken_name(sb: &Superblock, name: &str, cache: &Path) -> Result<()> {
+    if sb.volume_by_name(name).is_some() {
+        return Err(crate::usage_error(format!(
+            "cache {} already has a volume named '{name}'; choose another with --name",
+            cache.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses `path` when it is the device or file of a volume of `sb` (same inode, or same
+/// block device number), from its metadata alone.
+fn refuse_device_of_another_volume(sb: &Superblock, path: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot look at {}", path.display()))?;
+    let same = |v: &&VolumeSlot| {
+        (meta.rdev() != 0 && meta.rdev() == v.backing.st_rdev)
+            || (meta.dev(), meta.ino()) == (v.backing.st_dev, v.backing.st_ino)
+    };
+    if let Some(other) = sb.volumes.iter().find(same) {
+        bail!(
+            "{} is already the backing device of volume '{}'; a device can back one volume only",
+            path.display(),
+            other.name
+        );
+    }
+    Ok(())
+}
+
+/// The slot of a new volume of `sb`: the lowest free id, the cache's policy, the identity of
+/// `backing` (opened at `spec.backing`), refusing a device another volume has.
+fn new_slot(
+    sb: &Superblock,
+    spec: &AddSpec,
+    backing: &dyn BlockDevice,
+    cache: &Path,
+) -> Result<VolumeSlot> {
+    let Some(id) = (0..MAX_VOLUMES as u16).find(|id| sb.volumes.iter().all(|v| v.id != *id)) else {
+        bail!(
+            "cache {} has {MAX_VOLUMES} volumes, the most its format holds",
+            cache.display()
+        );
+    };
+    let mode = <ModeArg as clap::ValueEnum>::from_str(&spec.mode, false)
+        .map_err(|e| anyhow::anyhow!("mode {:?}: {e}", spec.mode))?
+        .mode();
+    let admission: Admission = spec
+        .admission
+        .parse()
+        .map_err(|e| anyhow::anyhow!("admission {:?}: {e}", spec.admission))?;
+    let ident = identity::probe(&spec.backing, backing.size())
+        .with_context(|| format!("cannot identify backing device {}", spec.backing.display()))?;
+    if let Some(other) = sb.volumes.iter().find(|v| {
+        v.backing.stable_id == ident.stable_id
+            || (v.backing.st_dev, v.backing.st_ino, v.backing.st_rdev)
+                == (ident.st_dev, ident.st_ino, ident.st_rdev)
+    }) {
+        bail!(
+            "{} is already the backing device of volume '{}'; a device can back one volume only",
+            spec.backing.display(),
+            other.name
+        );
+    }
+    let policy = sb
+        .volumes
+        .first()
+        .map_or(ssdcache_engine::policy::default_id(), |v| v.policy);
+    Ok(VolumeSlot {
+        id,
+        uuid: *uuid::Uuid::new_v4().as_bytes(),
+        name: spec.name.clone(),
+        mode,
+        read_only: false,
+        backing: ident,
+        policy,
+        admission: admission.to_disk(),
+        sequential_cutoff: spec.sequential_cutoff,
+        counters: VolumeCounters::default(),
+        dirty_lines: 0,
+        dirty_bytes: 0,
+    })
+}
+
+/// The daemon's side of `volume add` (control request `volume-add`): opens and locks the
+/// backing device, records the volume (`Cache::add_volume`, which writes the superblock
+/// before the volume takes a request), then exports it. Returns the new volume's figures.
+pub fn add_online(
+    daemon: &crate::control::Daemon,
+    request: &serde_json::Value,
+) -> Result<serde_json::Value> {
+    let spec: AddSpec =
+        serde_json::from_value(request["spec"].clone()).context("bad volume-add request")?;
+    if !spec.backing.is_absolute() {
+        bail!(
+            "backing path {} is not absolute (the daemon's working directory is not yours)",
+            spec.backing.display()
+        );
+    }
+    check_kind(&spec.backing, "backing device")?;
+    if same_device(&daemon.cache_path, &spec.backing)? {
+        bail!("{} is the cache device itself", spec.backing.display());
+    }
+    let cache = &daemon.cache;
+    let sb = cache.superblock();
+    refuse_taken_name(&sb, &spec.name, &daemon.cache_path)?;
+    // Before opening: the daemon holds its volumes' devices locked, so opening one of them
+    // again would fail with a message about a lock instead of saying which volume has it.
+    refuse_device_of_another_volume(&sb, &spec.backing)?;
+    // Written through the cache from now on, and locked like every backing device it serves.
+    let backing = open_device(&spec.backing, "backing device", true, true)?;
+    let slot = new_slot(&sb, &spec, &*backing, &daemon.cache_path)?;
+    let backing = crate::serve::with_hdd_model(backing, daemon.emulate_hdd);
+    let volume = cache.add_volume(slot, backing)?;
+    let export = crate::serve::volume_export(&volume, daemon.read_only, daemon.recorder.as_deref());
+    daemon.server.add_export(export).with_context(|| {
+        format!(
+            "volume '{}' was added to the cache but cannot be exported; restart the daemon \
+             to serve it",
+            spec.name
+        )
+    })?;
+    tracing::info!(
+        "volume '{}' added while serving ({}, {}, backing {}): serving it as NBD export '{}'",
+        volume.name(),
+        volume.mode(),
+        human(volume.size()),
+        spec.backing.display(),
+        volume.name()
+    );
+    Ok(serde_json::json!({
+        "ok": true,
+        "name": volume.name(),
+        "size": volume.size(),
+        "volumes": cache.volumes().len(),
+    }))
 }
 
 /// Refuses a slot id that a line record of the cache's metadata still names (left by a removed

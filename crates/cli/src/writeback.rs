@@ -181,7 +181,7 @@ fn read_sb(path: &Path) -> Result<Superblock> {
 
 /// Asks the daemon: the one at --control if given (which must answer), else the one serving
 /// the cache, if any (`None`: no daemon serves it).
-fn ask_daemon(
+pub(crate) fn ask_daemon(
     sb: &Superblock,
     given: &Option<PathBuf>,
     request: &str,

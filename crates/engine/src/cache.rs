@@ -21,7 +21,7 @@ use crate::map::{dirty_limit_lines, Invariant, MapState, NeedPages, RestoreCheck
 use crate::policy;
 use crate::superblock::write_superblock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::{MapLock, MapReadGuard, MapWriteGuard, Mutex};
+use crate::sync::{MapLock, MapReadGuard, MapWriteGuard, Mutex, RwLock};
 use crate::touches::TouchLog;
 use crate::volume::Volume;
 
@@ -80,8 +80,9 @@ pub(crate) struct CacheCore {
     /// The commit protocol's state: the journal, the committer's requests and the superblock
     /// naming the live log (`commit.rs` owns it; only its methods change it).
     pub commits: Commits,
-    /// Backing devices by volume index, each counting its writes against its flushes.
-    pub backings: Vec<Arc<Backing>>,
+    /// Every volume's backing device, each counting its writes against its flushes: what a
+    /// commit flushes. A volume added while serving is appended before it takes requests.
+    pub backings: RwLock<Vec<Arc<Backing>>>,
     /// The cache's clock: dirty ages and idle detection count from here.
     clock: Instant,
     /// When a client request last went to a backing device (nanoseconds on `clock`).
@@ -467,9 +468,31 @@ pub struct RecoveryReport {
     pub millis: u64,
 }
 
+/// The volumes of a cache at one moment, in the order they were opened or added. Volumes are
+/// only ever appended while a cache is open ([`Cache::add_volume`]), so an index into one
+/// snapshot names the same volume in every later one.
+#[derive(Clone)]
+pub struct VolumeList(Arc<[Arc<Volume>]>);
+
+impl std::ops::Deref for VolumeList {
+    type Target = [Arc<Volume>];
+    fn deref(&self) -> &[Arc<Volume>] {
+        &self.0
+    }
+}
+
+impl<'a> IntoIterator for &'a VolumeList {
+    type Item = &'a Arc<Volume>;
+    type IntoIter = std::slice::Iter<'a, Arc<Volume>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
 pub struct Cache {
     core: Arc<CacheCore>,
-    volumes: Vec<Arc<Volume>>,
+    /// Replaced whole (never changed in place) when a volume is added.
+    volumes: RwLock<VolumeList>,
     /// What the last open recovered from the journal, for `info`.
     recovery: Option<RecoveryReport>,
     pub(crate) cleaner: crate::cleaner::CleanerState,
@@ -709,12 +732,16 @@ impl Cache {
                 layout.journal_blocks()
             )));
         }
-        let backings: Vec<Backing> = backings
+        let backings: Vec<Arc<Backing>> = backings
             .into_iter()
             .zip(&sb.volumes)
-            .map(|(b, slot)| match b {
-                VolumeBacking::Device(dev) => Backing::new(dev),
-                VolumeBacking::Offline { reason } => Backing::offline(slot.backing.size, reason),
+            .map(|(b, slot)| {
+                Arc::new(match b {
+                    VolumeBacking::Device(dev) => Backing::new(dev),
+                    VolumeBacking::Offline { reason } => {
+                        Backing::offline(slot.backing.size, reason)
+                    }
+                })
             })
             .collect();
         flush_before_reading(&*dev, &backings)?;
@@ -769,7 +796,7 @@ impl Cache {
             touches: TouchLog::new(),
             locks: LineLocks::new(),
             commits: Commits::new(pos, sb),
-            backings: backings.into_iter().map(Arc::new).collect(),
+            backings: RwLock::new(backings.clone()),
             clock: Instant::now(),
             last_client_backing_io: AtomicU64::new(0),
             halted: AtomicBool::new(false),
@@ -778,16 +805,16 @@ impl Cache {
         let volumes = slots
             .iter()
             .zip(admissions)
-            .enumerate()
-            .map(|(index, (slot, admission))| {
-                Arc::new(Volume::new(slot, admission, index, core.clone()))
+            .zip(backings)
+            .map(|((slot, admission), backing)| {
+                Arc::new(Volume::new(slot, admission, backing, core.clone()))
             })
-            .collect();
+            .collect::<Vec<_>>();
         core.write_due_checksum_pages()?;
         Ok((
             Cache {
                 core,
-                volumes,
+                volumes: RwLock::new(VolumeList(volumes.into())),
                 recovery: report.recovery.clone(),
                 cleaner: Default::default(),
             },
@@ -795,8 +822,12 @@ impl Cache {
         ))
     }
 
-    pub fn volumes(&self) -> &[Arc<Volume>] {
-        &self.volumes
+    /// The volumes now (a snapshot: one added later is not in it).
+    pub fn volumes(&self) -> VolumeList {
+        self.volumes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn layout(&self) -> Layout {
@@ -815,8 +846,13 @@ impl Cache {
     }
 
     fn fold_volumes(&self, sb: &mut Superblock) {
+        let volumes = self.volumes();
         let map = self.core.map();
-        for (slot, vol) in sb.volumes.iter_mut().zip(&self.volumes) {
+        for slot in sb.volumes.iter_mut() {
+            // A slot being added has no volume yet: it keeps what it was given.
+            let Some(vol) = volumes.iter().find(|v| v.id() == slot.id) else {
+                continue;
+            };
             slot.counters = vol.counters();
             slot.mode = vol.configured_mode();
             let o = map.occupancy(slot.id);
@@ -836,6 +872,102 @@ impl Cache {
         self.core.check_running()?;
         let _no_commit = self.core.commits.exclusive();
         self.core.update_superblock(|sb| self.fold_volumes(sb))
+    }
+
+    /// Adds a volume to the open cache: `slot` (a free id, a name no volume has, the backing
+    /// device's identity) backed by `backing`, which the caller opened and identified. It is
+    /// appended to [`Cache::volumes`]; requests reach it only through the returned volume.
+    ///
+    /// Under the commit lock (no commit, checkpoint or configuration write in between): the
+    /// map must hold no line under the id (what a restart would load comes from this map: the
+    /// journal generation started at open and every checkpoint since hold only its records);
+    /// the backing device is flushed; then the superblock naming the new volume is written. A
+    /// crash before that write leaves the cache as it was, one after it a cache with the new,
+    /// empty volume (docs/design.md §5.2).
+    pub fn add_volume(
+        &self,
+        slot: VolumeSlot,
+        backing: Arc<dyn BlockDevice>,
+    ) -> Result<Arc<Volume>> {
+        self.core.check_running()?;
+        let refuse = |why: String| EngineError::AddRefused {
+            name: slot.name.clone(),
+            why,
+        };
+        let admission = Admission::from_disk(slot.admission).map_err(|e| refuse(e.to_string()))?;
+        let _no_commit = self.core.commits.exclusive();
+        self.refuse_new_slot(&self.core.commits.superblock(), &slot, &*backing)
+            .map_err(refuse)?;
+        let backing = Arc::new(Backing::new(backing));
+        backing
+            .flush_device()
+            .map_err(|source| EngineError::Backing {
+                device: backing.describe(),
+                source,
+            })?;
+        self.core.update_superblock(|sb| {
+            sb.volumes.push(slot.clone());
+            self.fold_volumes(sb);
+        })?;
+        self.core
+            .backings
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(backing.clone());
+        let volume = Arc::new(Volume::new(&slot, admission, backing, self.core.clone()));
+        let mut list = self.volumes.write().unwrap_or_else(|p| p.into_inner());
+        let mut grown = list.to_vec();
+        grown.push(volume.clone());
+        *list = VolumeList(grown.into());
+        tracing::info!("volume '{}' added (slot {})", slot.name, slot.id);
+        Ok(volume)
+    }
+
+    /// Why `slot` cannot join the volumes of `sb` (the superblock as last written), if it
+    /// cannot.
+    fn refuse_new_slot(
+        &self,
+        sb: &Superblock,
+        slot: &VolumeSlot,
+        backing: &dyn BlockDevice,
+    ) -> std::result::Result<(), String> {
+        use ssdcache_format::superblock::MAX_VOLUMES;
+        if sb.volumes.len() >= MAX_VOLUMES || usize::from(slot.id) >= MAX_VOLUMES {
+            return Err(format!(
+                "the cache has {} volumes; its format holds {MAX_VOLUMES}",
+                sb.volumes.len()
+            ));
+        }
+        if let Some(other) = sb.volumes.iter().find(|v| v.id == slot.id) {
+            return Err(format!("slot {} is volume '{}'s", slot.id, other.name));
+        }
+        if sb.volumes.iter().any(|v| v.name == slot.name) {
+            return Err("the cache already has a volume of that name".into());
+        }
+        let policy = sb.volumes.first().map(|v| v.policy);
+        if policy.is_some_and(|p| p != slot.policy) {
+            return Err("its replacement policy differs from the cache's".into());
+        }
+        if backing.size() != slot.backing.size {
+            return Err(format!(
+                "its backing device has {} bytes, its slot records {}",
+                backing.size(),
+                slot.backing.size
+            ));
+        }
+        if slot.mode == CacheMode::WriteBack
+            && self.core.layout.journal_blocks() < 2 * self.core.layout.compaction_blocks() + 1
+        {
+            return Err("this cache's journal is too small for write-back".into());
+        }
+        let lines = self.core.map_read().occupancy(slot.id).lines;
+        if lines > 0 {
+            return Err(format!(
+                "the cache still holds {lines} lines under slot {}",
+                slot.id
+            ));
+        }
+        Ok(())
     }
 
     /// Makes every completed write of every volume durable.
@@ -913,7 +1045,7 @@ impl Cache {
     /// Turns the request latency histograms on or off (`serve --metrics` turns them on; off,
     /// a request pays one relaxed load for them).
     pub fn record_latencies(&self, on: bool) {
-        for v in self.volumes() {
+        for v in self.volumes().iter() {
             v.record_latencies(on);
         }
     }
@@ -1184,7 +1316,7 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
 /// they could be lost at the next power cut after clients saw them: a sector would read one
 /// value after this start and an older one after the cut.
 /// (An offline volume's stand-in has nothing to flush.)
-fn flush_before_reading(dev: &dyn BlockDevice, backings: &[Backing]) -> Result<()> {
+fn flush_before_reading(dev: &dyn BlockDevice, backings: &[Arc<Backing>]) -> Result<()> {
     dev.flush().map_err(|source| EngineError::CacheDevice {
         device: dev.describe(),
         source,

@@ -315,8 +315,10 @@ impl Cache {
         let outcomes = self.write_extents(&extents, depth.max(1), pace, &watches);
         let mut report = BatchReport::default();
         let mut cleaned: HashMap<u32, (DirtyLine, SectorBitmap)> = HashMap::new();
-        let mut touched = vec![false; self.volumes().len()];
-        let index_of = |id: u16| self.volumes().iter().position(|v| v.id() == id);
+        // One snapshot: a volume added meanwhile has no line in this batch.
+        let volumes = self.volumes();
+        let mut touched = vec![false; volumes.len()];
+        let index_of = |id: u16| volumes.iter().position(|v| v.id() == id);
         for (extent, outcome) in extents.iter().zip(&outcomes) {
             match outcome {
                 Outcome::Written => {
@@ -346,7 +348,7 @@ impl Cache {
         // Clean before forgetting: nothing is recorded clean until the backing device says
         // the data is durable.
         for (vol, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
-            let v = &self.volumes()[vol];
+            let v = &volumes[vol];
             v.backing().flush().map_err(|e| {
                 v.count_pub(Counter::BackingErrors, 1);
                 EngineError::Backing {
@@ -365,7 +367,7 @@ impl Cache {
         drop(watches);
         for (e, outcome) in extents.iter().zip(&outcomes) {
             if let (Outcome::Written, Some(i)) = (outcome, index_of(e.volume)) {
-                self.volumes()[i].count_pub(Counter::BytesCleaned, e.len);
+                volumes[i].count_pub(Counter::BytesCleaned, e.len);
             }
         }
         self.core().commit(CommitPurpose::Writeback)?;
@@ -619,7 +621,12 @@ impl Cache {
             Ok(false) => return Outcome::Skipped,
             Err(_) => return Outcome::Failed,
         }
-        let Some(volume) = self.volumes().iter().find(|v| v.id() == extent.volume) else {
+        let Some(volume) = self
+            .volumes()
+            .iter()
+            .find(|v| v.id() == extent.volume)
+            .cloned()
+        else {
             return Outcome::Failed;
         };
         let Some(mut buf) = AlignedBuf::try_zeroed(extent.len as usize) else {
@@ -637,7 +644,7 @@ impl Cache {
             }
             at += len;
         }
-        if let Err(e) = self.check_extent(volume, extent, &buf, &crcs) {
+        if let Err(e) = self.check_extent(&volume, extent, &buf, &crcs) {
             volume.cleaner_read_failed(e);
             return Outcome::Failed;
         }
@@ -970,7 +977,7 @@ impl Cache {
     /// The volumes that are offline (`Cache::open_volumes`): nothing of theirs is written back.
     pub(crate) fn offline_volumes(&self) -> VolumeSet {
         let mut set = VolumeSet::default();
-        for v in self.volumes() {
+        for v in self.volumes().iter() {
             if v.offline_reason().is_some() {
                 set.insert(v.id());
             }
@@ -1168,6 +1175,7 @@ impl Cache {
         // not hold this up (review 36).
         let offline = self.offline_volumes();
         let target = volume.map(|i| self.volume_at(i)).transpose()?;
+        let target = target.as_deref();
         let select = target.map_or(Select::All, |v| Select::Volume(v.id()));
         let scope = |id: u16| target.map_or(!offline.contains(id), |v| id == v.id());
         let dirty_left =
@@ -1239,9 +1247,10 @@ impl Cache {
     }
 
     /// The volume at `index` in [`Cache::volumes`], or an error naming the index.
-    fn volume_at(&self, index: usize) -> Result<&Arc<Volume>> {
+    fn volume_at(&self, index: usize) -> Result<Arc<Volume>> {
         self.volumes()
             .get(index)
+            .cloned()
             .ok_or_else(|| EngineError::Format(format!("no volume {index}")))
     }
 
@@ -1326,7 +1335,7 @@ impl Cache {
     /// Undoes `hold_writes_through` for volumes whose mode change was abandoned: they serve
     /// writes in write-back again.
     pub fn release_held_modes(&self) {
-        for v in self.volumes() {
+        for v in self.volumes().iter() {
             if v.configured_mode() == CacheMode::WriteBack && v.mode() == CacheMode::WriteThrough {
                 v.set_serving_mode(CacheMode::WriteBack);
             }

@@ -645,7 +645,13 @@ impl CacheCore {
 
     /// Makes every write that returned from a backing device before this call durable.
     pub fn flush_backings(&self) -> Result<()> {
-        for backing in &self.backings {
+        // A copy of the list, so adding a volume never waits for a disk flush.
+        let backings = self
+            .backings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for backing in &backings {
             backing.flush().map_err(|e| EngineError::Backing {
                 device: backing.describe(),
                 source: e,

@@ -16,6 +16,9 @@ pub enum EngineError {
     /// until a restart finds it (its cached and dirty data are kept).
     #[error("volume {name} is offline: {reason}")]
     VolumeOffline { name: String, reason: String },
+    /// A volume could not be added to the open cache; nothing was changed.
+    #[error("cannot add volume '{name}': {why}")]
+    AddRefused { name: String, why: String },
     #[error("{0}")]
     Format(String),
     /// Dirty data in the cache fails its checksum or cannot be read; the message names it.

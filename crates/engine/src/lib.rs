@@ -26,7 +26,7 @@ mod volume;
 
 pub use cache::{
     format, format_with_journal, offline_stats, Cache, NewVolume, OpenReport, RecoveryReport,
-    VolumeBacking,
+    VolumeBacking, VolumeList,
 };
 pub use checksums::{default_checksum_memory, ChecksumUsage};
 pub use cleaner::{BatchReport, CleanerConfig, DamagedRange, Select};

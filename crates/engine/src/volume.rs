@@ -133,8 +133,9 @@ pub const CACHE_ERROR_LIMIT: u64 = 8;
 
 pub struct Volume {
     id: u16,
-    /// Index of the backing device in the cache's list.
-    index: usize,
+    /// Its backing device, with its writes counted against its flushes (the cache's list of
+    /// backing devices, which commits flush, holds it too).
+    backing: Arc<Backing>,
     name: String,
     mode: AtomicU8,
     configured_mode: AtomicU8,
@@ -225,13 +226,13 @@ impl Volume {
     pub(crate) fn new(
         slot: &VolumeSlot,
         admission: Admission,
-        index: usize,
+        backing: Arc<Backing>,
         core: Arc<CacheCore>,
     ) -> Volume {
         let lines = usize::try_from(core.layout.line_count).unwrap_or(usize::MAX);
         Volume {
             id: slot.id,
-            index,
+            backing,
             name: slot.name.clone(),
             mode: AtomicU8::new(mode_code(slot.mode)),
             configured_mode: AtomicU8::new(mode_code(slot.mode)),
@@ -299,7 +300,7 @@ impl Volume {
     }
     /// The backing device, with its writes counted against its flushes (`commit.rs`).
     pub(crate) fn backing(&self) -> &Backing {
-        &self.core.backings[self.index]
+        &self.backing
     }
     pub(crate) fn count_pub(&self, c: Counter, n: u64) {
         self.count(c, n);

@@ -77,7 +77,7 @@ fn two_volumes_share_the_cache_and_keep_their_own_data() {
         cache.volumes().iter().all(|v| v.stats().lines_used > 0),
         "both volumes hold lines"
     );
-    for v in cache.volumes() {
+    for v in cache.volumes().iter() {
         v.flush().expect("flush");
     }
     // A power cut right after the FLUSHes: only flushed data is left on either device.

@@ -166,7 +166,7 @@ fn capped_volume_reads_back_exactly_across_a_power_cut() {
         }
     }
     assert!(common::counter(&cache.volumes()[0], "bytes_written_around_full") > 0);
-    for v in cache.volumes() {
+    for v in cache.volumes().iter() {
         v.flush().expect("flush");
     }
     cache.stop_cleaner();

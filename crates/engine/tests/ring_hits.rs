@@ -11,15 +11,14 @@ use std::time::{Duration, Instant};
 use common::file_cache::*;
 use common::*;
 use ssdcache_device::{AlignedBuf, BlockDevice, FileDevice, OpenOptions};
-use ssdcache_engine::{Cache, RingEnd, RingHit, RingHits};
+use ssdcache_engine::{Cache, RingEnd, RingHit, RingHits, Volume};
 
 /// Every loop of the concurrent test ends after this many rounds or this long.
 const ROUNDS: usize = 300;
 const TIME_LIMIT: Duration = Duration::from_secs(20);
 
-fn ring(cache: &Cache) -> RingHits<'_> {
-    cache.volumes()[0]
-        .ring_hits()
+fn ring(vol: &Volume) -> RingHits<'_> {
+    vol.ring_hits()
         .expect("a file cache device with io_uring gives a ring")
 }
 
@@ -74,7 +73,7 @@ fn ring_hits_read_what_the_device_holds_and_leave_the_rest() {
     for line in 0..8 {
         read_vec(&cache, line * LINE, LINE).expect("warm");
     }
-    let hits = ring(&cache);
+    let hits = ring(&vol);
     let ranges = [
         (0, 4096),
         (LINE + 8192, 16384),
@@ -112,7 +111,7 @@ fn a_damaged_ring_hit_is_left_unserved_for_the_full_read_path() {
         read_vec(&cache, line * LINE, LINE).expect("warm");
     }
     damage_all_data(&dir, &cache);
-    let hits = ring(&cache);
+    let hits = ring(&vol);
     let ranges: Vec<(u64, usize)> = (0..4).map(|line| (line * LINE + 4096, 8192)).collect();
     for ((mut buf, served), &(offset, _)) in ring_reads(&hits, &ranges).into_iter().zip(&ranges) {
         assert_eq!(served, Some(false), "read at {offset}: damaged data served");
@@ -167,7 +166,8 @@ fn waiting_for_ring_hits_never_waits_for_a_line() {
         let line = 1 + round * 2 % 100;
         read_vec(cache, line * LINE, 2 * LINE).expect("warm");
         damage_all_data(dir, cache);
-        let hits: &'static RingHits<'static> = Box::leak(Box::new(ring(cache)));
+        let leaked: &'static Volume = Box::leak(Box::new(vol.clone()));
+        let hits: &'static RingHits<'static> = Box::leak(Box::new(ring(leaked)));
         let bufs: &'static mut [AlignedBuf] = Box::leak(Box::new([
             AlignedBuf::zeroed(4096),
             AlignedBuf::zeroed(4096),
@@ -223,7 +223,8 @@ fn unaligned_buffers_are_left_to_the_caller() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_backing, cache) = file_cache(&dir, 16 << 20, 64 << 20);
     read_vec(&cache, 0, LINE).expect("warm");
-    let hits = ring(&cache);
+    let vol = cache.volumes()[0].clone();
+    let hits = ring(&vol);
     let mut buf = AlignedBuf::zeroed(2 * 4096);
     let mut start = [RingHit {
         tag: 1,
@@ -257,7 +258,7 @@ fn writes_and_evictions_racing_ring_hits_never_give_wrong_data() {
     let vol = cache.volumes()[0].clone();
     let start = Instant::now();
     let max_version = ROUNDS as u64;
-    let hits = ring(&cache);
+    let hits = ring(&vol);
     let mut ring_served = 0;
     std::thread::scope(|scope| {
         let writer = vol.clone();
@@ -319,7 +320,8 @@ fn hits_started_on_one_thread_end_on_another() {
     for line in 0..16 {
         read_vec(&cache, line * LINE, LINE).expect("warm");
     }
-    let hits = ring(&cache);
+    let vol = cache.volumes()[0].clone();
+    let hits = ring(&vol);
     let count = 400;
     let ranges: Vec<(u64, usize)> = (0..count as u64)
         .map(|i| ((i * 7 % 16) * LINE + (i % 16) * 4096, 4096))

@@ -155,7 +155,8 @@ fn run<S: NbdStream>(
             None => return Ok(()),
         },
     };
-    let Some(export) = shared.exports.get(index) else {
+    let exports = shared.exports();
+    let Some(export) = exports.list.get(index) else {
         return Err(ConnectionError::NoSuchExport {
             peer: peer.to_owned(),
             index,
@@ -224,7 +225,7 @@ fn drive_handshake<S: NbdStream>(
     peer: &str,
 ) -> Result<Option<usize>, ConnectionError> {
     let deadline = Instant::now() + shared.config.handshake_timeout;
-    let mut machine = Handshake::new(Arc::clone(&shared.infos));
+    let mut machine = Handshake::new(Arc::clone(&shared.exports().infos));
     let mut chunk = [0u8; 4096];
     loop {
         set_remaining_timeout(stream, deadline, peer)?;

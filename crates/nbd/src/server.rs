@@ -297,9 +297,17 @@ pub struct Server {
     shared: Arc<Shared>,
 }
 
-pub(crate) struct Shared {
-    pub(crate) exports: Vec<ServerExport>,
+/// The exports at one moment. Exports are only appended ([`Server::add_export`]), so an index
+/// a handshake chose from one table names the same export in every later one.
+pub(crate) struct ExportTable {
+    pub(crate) list: Vec<ServerExport>,
+    /// What handshakes advertise: the `info` of each export, in the same order.
     pub(crate) infos: Arc<[ExportInfo]>,
+}
+
+pub(crate) struct Shared {
+    /// Replaced whole when an export is added; connections read a snapshot.
+    exports: Mutex<Arc<ExportTable>>,
     pub(crate) config: ServerConfig,
     pub(crate) buffers: BufferPool,
     shutting_down: AtomicBool,
@@ -315,6 +323,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The exports now (one added later is not in this snapshot).
+    pub(crate) fn exports(&self) -> Arc<ExportTable> {
+        Arc::clone(&lock(&self.exports))
+    }
+
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
@@ -344,6 +357,22 @@ impl Drop for InBackend<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+impl ExportTable {
+    fn new(list: Vec<ServerExport>) -> ExportTable {
+        let infos = list.iter().map(|e| e.info.clone()).collect();
+        ExportTable { list, infos }
+    }
+}
+
+/// Refuses an export whose geometry is invalid or whose name one of `existing` has.
+fn check_new_export(existing: &[ServerExport], info: &ExportInfo) -> Result<(), ServerError> {
+    validate_export(info)?;
+    if existing.iter().any(|e| e.info.name == info.name) {
+        return Err(invalid_export(info, "duplicate export name"));
+    }
+    Ok(())
 }
 
 /// Shuts one connection's socket down in the given direction(s).
@@ -377,23 +406,15 @@ impl Server {
     pub fn new(exports: Vec<ServerExport>, config: ServerConfig) -> Result<Server, ServerError> {
         Self::check_config(&config)?;
         for (index, export) in exports.iter().enumerate() {
-            validate_export(&export.info)?;
-            if exports[..index]
-                .iter()
-                .any(|e| e.info.name == export.info.name)
-            {
-                return Err(invalid_export(&export.info, "duplicate export name"));
-            }
+            check_new_export(&exports[..index], &export.info)?;
         }
         let (wake_rx, wake_tx) = UnixStream::pair().map_err(|source| ServerError::Io {
             context: "creating the shutdown wake-up socket pair",
             source,
         })?;
-        let infos = exports.iter().map(|e| e.info.clone()).collect();
         Ok(Server {
             shared: Arc::new(Shared {
-                exports,
-                infos,
+                exports: Mutex::new(Arc::new(ExportTable::new(exports))),
                 buffers: BufferPool::new(config.buffer_memory),
                 config,
                 shutting_down: AtomicBool::new(false),
@@ -405,6 +426,18 @@ impl Server {
                 idle: Condvar::new(),
             }),
         })
+    }
+
+    /// Adds an export while serving: handshakes that start from now on list it and may choose
+    /// it; connections already open are not affected. Refuses an invalid geometry and a name
+    /// already exported.
+    pub fn add_export(&self, export: ServerExport) -> Result<(), ServerError> {
+        let mut table = lock(&self.shared.exports);
+        check_new_export(&table.list, &export.info)?;
+        let mut list = table.list.clone();
+        list.push(export);
+        *table = Arc::new(ExportTable::new(list));
+        Ok(())
     }
 
     /// The checks [`Server::new`] makes of a configuration, for callers that want to refuse a

@@ -1,0 +1,186 @@
+//! Adding a volume to an open cache (`Cache::add_volume`, what `ssdcache volume add` asks the
+//! serving daemon to do): the other volume's writes and commits go on meanwhile; the new
+//! volume's dirty data survives a power cut right after its FLUSH and is written back onto
+//! its own device; refusals (a taken name or slot, a wrong size, a full cache) change nothing.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{data, format_dev, identity, read_volume, MIB};
+use ssdcache_device::BlockDevice;
+use ssdcache_devsim::{CrashDevice, MemDevice};
+use ssdcache_engine::{read_superblock, Cache, CleanerConfig, EngineError};
+use ssdcache_format::superblock::MAX_VOLUMES;
+use ssdcache_format::{CacheMode, VolumeSlot};
+
+const LINE: u64 = 64 << 10;
+const CACHE: u64 = 16 * MIB;
+const SIZE: u64 = 8 * MIB;
+
+/// A slot for a new volume like the first one (same policy, mode, admission).
+fn slot(cache: &Cache, id: u16, name: &str, size: u64) -> VolumeSlot {
+    VolumeSlot {
+        id,
+        uuid: [id as u8 + 1; 16],
+        name: name.into(),
+        backing: identity(size),
+        dirty_lines: 0,
+        dirty_bytes: 0,
+        counters: Default::default(),
+        ..cache.superblock().volumes[0].clone()
+    }
+}
+
+#[test]
+fn a_volume_added_while_serving_keeps_its_flushed_data_across_a_power_cut() {
+    let cache_dev = Arc::new(CrashDevice::new("cache", CACHE));
+    format_dev(&*cache_dev, LINE, CacheMode::WriteBack, SIZE, 0);
+    let backing_a = Arc::new(CrashDevice::new("backing-a", SIZE));
+    let backing_b = Arc::new(CrashDevice::new("backing-b", SIZE));
+    let cache = Arc::new(common::open_crash(&cache_dev, &[&backing_a]));
+    // Volume a is written and committed throughout the addition.
+    let writer = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            let a = cache.volumes()[0].clone();
+            for i in 0..96u64 {
+                a.write((i % 32) * LINE, &data(100 + i, LINE as usize), false)
+                    .expect("write a");
+                if i % 8 == 0 {
+                    cache.commit().expect("commit");
+                }
+            }
+        })
+    };
+    let b = cache
+        .add_volume(slot(&cache, 1, "b", SIZE), backing_b.clone())
+        .expect("add b while a is written");
+    writer.join().expect("writer of a");
+    assert_eq!(cache.volumes().len(), 2);
+    assert_eq!(b.name(), "b");
+    let b_data = data(2, 2 * MIB as usize);
+    b.write(MIB, &b_data, false).expect("write b");
+    b.flush().expect("flush b");
+    cache.volumes()[0].flush().expect("flush a");
+    let a_data = read_volume(&cache, 0, 0, 32 * LINE as usize);
+    assert!(
+        backing_b.durable_image()[MIB as usize..3 * MIB as usize]
+            .iter()
+            .all(|&x| x == 0),
+        "b's writes are in the cache only (write-back)"
+    );
+
+    // Power cut: every device keeps only what was flushed.
+    let cache_after = Arc::new(cache_dev.crashed("cache-after", 7));
+    let a_after = Arc::new(backing_a.crashed("a-after", 7));
+    let b_after = Arc::new(backing_b.crashed("b-after", 7));
+    drop(cache);
+    let names: Vec<String> = read_superblock(&*cache_after)
+        .expect("superblock")
+        .volumes
+        .iter()
+        .map(|v| v.name.clone())
+        .collect();
+    assert_eq!(names, ["v", "b"], "the superblock names the added volume");
+    let cache = common::open_crash(&cache_after, &[&a_after, &b_after]);
+    assert!(
+        read_volume(&cache, 1, MIB, b_data.len()) == b_data,
+        "b's data survived"
+    );
+    assert!(
+        read_volume(&cache, 0, 0, a_data.len()) == a_data,
+        "a's data survived"
+    );
+    cache
+        .drain(&CleanerConfig::default(), &mut |_| true)
+        .expect("drain");
+    b_after.flush().expect("flush");
+    a_after.flush().expect("flush");
+    assert!(
+        b_after.durable_image()[MIB as usize..3 * MIB as usize] == b_data[..],
+        "b's dirty data was written back onto b's own device"
+    );
+    assert!(
+        a_after.durable_image()[..a_data.len()] == a_data[..],
+        "a's onto a's"
+    );
+    cache.shutdown().expect("shutdown");
+}
+
+#[test]
+fn an_added_volume_is_warm_after_a_clean_restart() {
+    let cache_dev = Arc::new(CrashDevice::new("cache", CACHE));
+    format_dev(&*cache_dev, LINE, CacheMode::WriteThrough, SIZE, 0);
+    let backing_a = Arc::new(CrashDevice::new("backing-a", SIZE));
+    let backing_b = Arc::new(CrashDevice::new("backing-b", SIZE));
+    let cache = common::open_crash(&cache_dev, &[&backing_a]);
+    let b = cache
+        .add_volume(slot(&cache, 1, "b", SIZE), backing_b.clone())
+        .expect("add b");
+    b.write(0, &data(5, MIB as usize), false).expect("write b");
+    let cached = b.stats().lines_used;
+    assert!(cached > 0);
+    cache.shutdown().expect("shutdown");
+    drop(cache);
+    let cache = common::open_crash(&cache_dev, &[&backing_a, &backing_b]);
+    assert_eq!(
+        cache.volumes()[1].stats().lines_used,
+        cached,
+        "the checkpoint of the clean stop holds the added volume's lines"
+    );
+    cache.shutdown().expect("shutdown");
+}
+
+#[test]
+fn refused_additions_change_nothing() {
+    let cache_dev = Arc::new(CrashDevice::new("cache", CACHE));
+    format_dev(&*cache_dev, LINE, CacheMode::WriteBack, SIZE, 0);
+    let backing_a = Arc::new(CrashDevice::new("backing-a", SIZE));
+    let cache = common::open_crash(&cache_dev, &[&backing_a]);
+    let dev = || Arc::new(MemDevice::new("added", SIZE)) as Arc<dyn BlockDevice>;
+    let refused = |slot: VolumeSlot, backing: Arc<dyn BlockDevice>, why: &str| {
+        let sequence = read_superblock(&*cache_dev).expect("superblock").sequence;
+        match cache.add_volume(slot, backing) {
+            Err(EngineError::AddRefused { why: got, .. }) => {
+                assert!(got.contains(why), "refusal {got:?} should say {why:?}")
+            }
+            Err(e) => panic!("expected a refusal saying {why:?}, got {e}"),
+            Ok(_) => panic!("expected a refusal saying {why:?}"),
+        }
+        assert_eq!(
+            read_superblock(&*cache_dev).expect("superblock").sequence,
+            sequence,
+            "a refusal writes nothing"
+        );
+        assert_eq!(cache.volumes().len(), 1);
+    };
+    refused(slot(&cache, 0, "b", SIZE), dev(), "slot 0");
+    refused(slot(&cache, 1, "v", SIZE), dev(), "volume of that name");
+    refused(slot(&cache, 1, "b", 2 * SIZE), dev(), "slot records");
+    let mut other_policy = slot(&cache, 1, "b", SIZE);
+    other_policy.policy += 1;
+    refused(other_policy, dev(), "policy");
+    refused(
+        slot(&cache, MAX_VOLUMES as u16, "b", SIZE),
+        dev(),
+        "format holds",
+    );
+    // Up to the format's limit, then no more.
+    for id in 1..MAX_VOLUMES as u16 {
+        cache
+            .add_volume(slot(&cache, id, &format!("v{id}"), SIZE), dev())
+            .expect("add up to the limit");
+    }
+    assert_eq!(cache.volumes().len(), MAX_VOLUMES);
+    let sequence = read_superblock(&*cache_dev).expect("superblock").sequence;
+    assert!(matches!(
+        cache.add_volume(slot(&cache, 5, "one-more", SIZE), dev()),
+        Err(EngineError::AddRefused { .. })
+    ));
+    assert_eq!(
+        read_superblock(&*cache_dev).expect("superblock").sequence,
+        sequence
+    );
+    cache.shutdown().expect("shutdown");
+}
