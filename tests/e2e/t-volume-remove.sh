@@ -3,8 +3,8 @@
 # kill -9 and a clean restart, the removed volume's backing file ends up holding all of its
 # data, the others keep theirs (the write-back one still dirty: not written back by the
 # removal), a volume added afterwards in the freed slot reads its own device and never the
-# removed volume's cached data, and the refusals (unknown name, only volume, running daemon)
-# name the problem.
+# removed volume's cached data, and the refusals (unknown name, only volume, a --control no
+# daemon answers on) name the problem.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io qemu-img jq truncate cmp
 require_bin
@@ -22,8 +22,9 @@ for v in a b c; do
     head -c 4M /dev/urandom >"want-$v.bin"
     qemu-io -f raw -c "write -s want-$v.bin 1M 4M" "$(nbd_uri "$SOCK" "$v")" >/dev/null || fail "write to $v"
 done
-expect_status 1 "remove while serving" "stop it first" \
-    "$SSDCACHE_BIN" volume remove --cache cache.img --name b
+# (Removing while serving goes through the daemon: t-volume-remove-online.)
+expect_status 1 "remove with a dead --control" "no daemon answers on control socket" \
+    "$SSDCACHE_BIN" volume remove --cache cache.img --name b --control "$TEST_DIR/none.ctl"
 kill -KILL "$SERVER_PID"
 wait "$SERVER_PID" 2>/dev/null || true
 expect_status 1 "remove after an unclean stop" "not stopped cleanly" \

@@ -1,7 +1,8 @@
 //! The control socket: one request line in, one JSON reply line out. Requests: `stats`,
 //! `info`, `flush` (start writing back everything), `flush-stop`, `commit`,
 //! `set-mode NAME MODE`, and JSON objects for requests with paths in them:
-//! `{"request": "volume-add", ...}` (`volume::AddSpec`).
+//! `{"request": "volume-add", "spec": ...}` (`volume::AddSpec`), `{"request":
+//! "volume-remove", "name": ...}` (asked again until `done`) and `volume-remove-cancel`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -139,6 +140,8 @@ pub struct Daemon {
     pub emulate_hdd: bool,
     pub recorder: Option<Arc<Recorder>>,
     pub wear: Arc<WearWatch>,
+    /// Names of the volumes removed while serving (a removal's last poll answers `done`).
+    pub removed: std::sync::Mutex<Vec<String>>,
 }
 
 /// Answers requests on a thread of its own until the process exits. One request at a time:
@@ -178,10 +181,14 @@ fn answer_json(line: &str, daemon: &Daemon) -> serde_json::Value {
         Ok(v) => v,
         Err(e) => return serde_json::json!({ "error": format!("bad JSON request: {e}") }),
     };
+    let name = request["name"].as_str().unwrap_or_default();
     let result = match request["request"].as_str() {
         Some("volume-add") => crate::volume::add_online(daemon, &request),
+        Some("volume-remove") => crate::volume::remove_online(daemon, name),
+        Some("volume-remove-cancel") => crate::volume::cancel_remove_online(daemon, name),
         other => Err(anyhow::anyhow!(
-            "unknown JSON request {other:?}; known: volume-add"
+            "unknown JSON request {other:?}; known: volume-add, volume-remove, \
+             volume-remove-cancel"
         )),
     };
     result.unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }))

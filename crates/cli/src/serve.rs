@@ -856,6 +856,7 @@ fn start_serving(
             emulate_hdd: s.emulate_hdd,
             recorder: recorder.clone(),
             wear: wear.clone(),
+            removed: Default::default(),
         },
     )?;
     if let Some(metrics) = metrics {

@@ -9,6 +9,8 @@
 //! be served a removed one's data.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -37,17 +39,23 @@ by the addition. Up to 32 volumes fit in one cache. Refused: a name or device an
 has, the cache device itself, a cache that was not stopped cleanly (offline addition only)."
     )]
     Add(AddArgs),
-    /// Remove a volume from a stopped cache, writing its dirty data back first
+    /// Remove a volume from a cache, writing its dirty data back first
     #[command(
-        long_about = "Removes a volume from a stopped cache. Its dirty data is written \
-back to its backing device first, with progress (Ctrl-C stops; what was written back stays \
-clean, and running it again resumes); then every line it holds in the cache is dropped and its \
-slot is freed. Afterwards its backing device holds all of its data and can be used without \
-ssdcache. The other volumes are untouched and stay warm.\n\n\
-Refused while a daemon serves the cache (stop it first), for the cache's only volume (use \
-`ssdcache detach`), after an unclean stop (start and stop `serve` once), and when the volume \
-holds dirty data its backing device is missing for (bring it back, or `ssdcache recover` onto a \
-replacement first). Other volumes whose devices are missing are left offline and untouched."
+        long_about = "Removes a volume from a cache. Its dirty data is written back to its \
+backing device first, with progress (Ctrl-C stops; what was written back stays clean, and \
+running it again resumes); then every line it holds in the cache is dropped and its slot is \
+freed. Afterwards its backing device holds all of its data and can be used without ssdcache. \
+The other volumes are untouched and stay warm.\n\n\
+While a daemon serves the cache, it removes the volume while the others keep serving: the \
+volume's NBD export is withdrawn and its connections are closed at once (stop its clients \
+first: their unflushed writes are lost like at a disconnect), its dirty data is written back \
+at full speed, then it is removed and its device closed. Ctrl-C (or no progress for 2 \
+minutes) withdraws the removal and serves the volume again. Otherwise the stopped cache is \
+changed.\n\n\
+Refused for the cache's only volume (use `ssdcache detach`), after an unclean stop (offline: \
+start and stop `serve` once), and when the volume holds dirty data its backing device is \
+missing for (bring it back, or `ssdcache recover` onto a replacement first). Other volumes \
+whose devices are missing are left offline and untouched."
     )]
     Remove(RemoveArgs),
 }
@@ -65,9 +73,13 @@ pub struct RemoveArgs {
     backing: Vec<(String, PathBuf)>,
     /// Give up this volume's dirty data that fails its checksum or cannot be read from the
     /// cache (its backing device keeps its older data there) instead of refusing; the rest is
-    /// written back. Other volumes' data is not looked at
+    /// written back. Other volumes' data is not looked at. Stopped cache only
     #[arg(long)]
     discard_damaged: bool,
+    /// The serving daemon's control socket [default: the one of the daemon serving the cache,
+    /// if any; without one the stopped cache is changed]
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -114,13 +126,172 @@ pub struct AddSpec {
 pub fn run(command: VolumeCommand) -> Result<()> {
     match command {
         VolumeCommand::Add(args) => add(args),
-        VolumeCommand::Remove(args) => crate::writeback::remove_volume(
+        VolumeCommand::Remove(args) => remove(args),
+    }
+}
+
+/// How long a removal through the daemon may go without its dirty data shrinking before it
+/// is withdrawn (a failing disk, damaged data: the offline removal reports those).
+const REMOVE_STALL_LIMIT: Duration = Duration::from_secs(120);
+
+fn remove(args: RemoveArgs) -> Result<()> {
+    let seen = crate::devices::read_cache(&args.cache)?.1.superblock;
+    let offline_only = !args.backing.is_empty() || args.discard_damaged;
+    let request = if offline_only {
+        "info".to_owned()
+    } else {
+        remove_request("volume-remove", &args.name)?
+    };
+    match crate::writeback::ask_daemon(&seen, &args.control, &request)? {
+        Some(_) if offline_only => Err(crate::usage_error(format!(
+            "--backing and --discard-damaged apply to a stopped cache, and a daemon serves {}; \
+             leave them out to remove the volume through the daemon, or stop it first",
+            args.cache.display()
+        ))),
+        Some((ctl, first)) => remove_through_daemon(&ctl, &args.name, first),
+        None => crate::writeback::remove_volume(
             &args.cache,
             &args.name,
             &args.backing,
             args.discard_damaged,
         ),
     }
+}
+
+fn remove_request(request: &str, name: &str) -> Result<String> {
+    Ok(serde_json::to_string(
+        &serde_json::json!({ "request": request, "name": name }),
+    )?)
+}
+
+/// Asks the daemon again until the removal is done, showing the dirty data left; Ctrl-C or
+/// no progress for `REMOVE_STALL_LIMIT` withdraws it (the volume is served again).
+fn remove_through_daemon(ctl: &Path, name: &str, first: serde_json::Value) -> Result<()> {
+    let request = remove_request("volume-remove", name)?;
+    let stop = crate::writeback::interrupt_flag()?;
+    let dirty = |a: &serde_json::Value| a["dirty_bytes"].as_u64().unwrap_or(0);
+    let mut progress = crate::writeback::Progress::new(dirty(&first), "volume remove");
+    let (mut answer, mut least, mut moved) = (first, u64::MAX, Instant::now());
+    while answer["done"].as_bool() != Some(true) {
+        let left = dirty(&answer);
+        progress.update(left);
+        if left < least {
+            (least, moved) = (left, Instant::now());
+        }
+        let why = if stop.load(Ordering::Relaxed) {
+            Some("interrupted".to_owned())
+        } else if moved.elapsed() > REMOVE_STALL_LIMIT {
+            Some(format!(
+                "no progress for {} s ({}; the daemon's log says why)",
+                REMOVE_STALL_LIMIT.as_secs(),
+                answer["phase"].as_str().unwrap_or("writing back")
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            progress.finish();
+            crate::control::query(ctl, &remove_request("volume-remove-cancel", name)?)?;
+            bail!(
+                "{why}: volume '{name}' was not removed and is served again (what was written \
+                 back stays clean; run the command again to go on). To see what holds it up, \
+                 stop the daemon and remove it offline: that names damaged data \
+                 (--discard-damaged) and failing devices"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        answer = match crate::control::query(ctl, &request) {
+            Ok(Some(answer)) => answer,
+            Ok(None) => bail!("the daemon at {} went away", ctl.display()),
+            Err(e) => {
+                progress.finish();
+                let withdrawn =
+                    crate::control::query(ctl, &remove_request("volume-remove-cancel", name)?);
+                return Err(e.context(match withdrawn {
+                    Ok(_) => format!("volume '{name}' was not removed; it is served again"),
+                    Err(_) => format!("volume '{name}' was not removed"),
+                }));
+            }
+        };
+    }
+    progress.finish();
+    println!(
+        "removed volume '{name}' through the daemon at {}: its dirty data is on its backing \
+         device, its export and slot are gone, and the device is closed",
+        ctl.display()
+    );
+    Ok(())
+}
+
+/// The daemon's side of `volume remove` (control request `volume-remove`), asked again until
+/// it answers `done`. First the export is withdrawn and its connections closed (waiting a
+/// little each time until they ended: then no request can reach the volume); then the
+/// cleaner writes its dirty data back first and at full speed; once it has none, the cache
+/// takes it out (`Cache::remove_volume`). Answers `dirty_bytes` left meanwhile.
+pub fn remove_online(daemon: &crate::control::Daemon, name: &str) -> Result<serde_json::Value> {
+    let cache = &daemon.cache;
+    let volumes = cache.volumes();
+    let Some(index) = volumes.iter().position(|v| v.name() == name) else {
+        if lock_removed(daemon).iter().any(|n| n == name) {
+            return Ok(serde_json::json!({ "done": true }));
+        }
+        bail!("the cache has no volume '{name}'");
+    };
+    let volume = volumes[index].clone();
+    if volumes.len() == 1 {
+        bail!("'{name}' is the cache's only volume; stop the daemon and use `ssdcache detach`");
+    }
+    let dirty = volume.stats().dirty_bytes;
+    if let Some(reason) = volume.offline_reason() {
+        if dirty > 0 {
+            bail!(
+                "volume '{name}' is offline ({reason}) and holds {} of dirty data; bring its \
+                 device back (restart the daemon) or `ssdcache recover` it onto a replacement",
+                human(dirty)
+            );
+        }
+    }
+    let phase = |phase: &str, dirty: u64| serde_json::json!({ "done": false, "phase": phase, "dirty_bytes": dirty });
+    if !daemon.server.remove_export(name, Duration::from_secs(3)) {
+        return Ok(phase("closing its connections", dirty));
+    }
+    // No request reaches the volume from here on.
+    cache.request_volume_drain(Some(volume.id()));
+    let dirty = volume.stats().dirty_bytes;
+    if dirty > 0 {
+        return Ok(phase("writing back", dirty));
+    }
+    cache.request_volume_drain(None);
+    cache.remove_volume(index)?;
+    lock_removed(daemon).push(name.to_owned());
+    tracing::info!("volume '{name}' removed while serving; its backing device is closed");
+    Ok(serde_json::json!({ "done": true }))
+}
+
+/// Withdraws a removal that was not finished: the cleaner stops favouring the volume and its
+/// export is served again.
+pub fn cancel_remove_online(
+    daemon: &crate::control::Daemon,
+    name: &str,
+) -> Result<serde_json::Value> {
+    daemon.cache.request_volume_drain(None);
+    let volumes = daemon.cache.volumes();
+    let Some(volume) = volumes.iter().find(|v| v.name() == name) else {
+        bail!("the cache has no volume '{name}'");
+    };
+    if volume.offline_reason().is_none() {
+        let export =
+            crate::serve::volume_export(volume, daemon.read_only, daemon.recorder.as_deref());
+        // Refused only as a duplicate: the removal had not withdrawn it yet.
+        if daemon.server.add_export(export).is_ok() {
+            tracing::info!("removal of volume '{name}' withdrawn; serving it again");
+        }
+    }
+    Ok(serde_json::json!({ "ok": true }))
+}
+
+fn lock_removed(daemon: &crate::control::Daemon) -> std::sync::MutexGuard<'_, Vec<String>> {
+    daemon.removed.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn add(args: AddArgs) -> Result<()> {
@@ -172,7 +343,7 @@ fn add(args: AddArgs) -> Result<()> {
     }
     refuse_taken_name(&sb, &name, &args.cache)?;
     let backing = open_device(&args.backing, "backing device", false, true)?;
-    let slot = new_slot(&sb, &spec, &*backing, &args.cache)?;
+    let slot = new_slot(&sb, &spec, &*backing, &args.cache, 0)?;
     let id = slot.id;
     sb.volumes.push(slot);
     sb.volumes.sort_by_key(|v| v.id);
@@ -232,8 +403,10 @@ fn new_slot(
     spec: &AddSpec,
     backing: &dyn BlockDevice,
     cache: &Path,
+    retired: u32,
 ) -> Result<VolumeSlot> {
-    let Some(id) = (0..MAX_VOLUMES as u16).find(|id| sb.volumes.iter().all(|v| v.id != *id)) else {
+    let free = |id: &u16| retired & (1 << id) == 0 && sb.volumes.iter().all(|v| v.id != *id);
+    let Some(id) = (0..MAX_VOLUMES as u16).find(free) else {
         bail!(
             "cache {} has {MAX_VOLUMES} volumes, the most its format holds",
             cache.display()
@@ -306,7 +479,13 @@ pub fn add_online(
     refuse_device_of_another_volume(&sb, &spec.backing)?;
     // Written through the cache from now on, and locked like every backing device it serves.
     let backing = open_device(&spec.backing, "backing device", true, true)?;
-    let slot = new_slot(&sb, &spec, &*backing, &daemon.cache_path)?;
+    let slot = new_slot(
+        &sb,
+        &spec,
+        &*backing,
+        &daemon.cache_path,
+        cache.retired_volume_ids(),
+    )?;
     let backing = crate::serve::with_hdd_model(backing, daemon.emulate_hdd);
     let volume = cache.add_volume(slot, backing)?;
     let export = crate::serve::volume_export(&volume, daemon.read_only, daemon.recorder.as_deref());

@@ -103,7 +103,7 @@ pub struct SetModeArgs {
 const STUCK_AFTER: Duration = Duration::from_secs(120);
 
 /// Set by SIGINT/SIGTERM so a long write-back stops between batches, keeping its progress.
-fn interrupt_flag() -> Result<Arc<AtomicBool>> {
+pub(crate) fn interrupt_flag() -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, flag.clone()).context("cannot install signal handler")?;
@@ -112,7 +112,7 @@ fn interrupt_flag() -> Result<Arc<AtomicBool>> {
 }
 
 /// Shows bytes left, rate and ETA: a bar on a terminal, a line every few seconds otherwise.
-struct Progress {
+pub(crate) struct Progress {
     bar: Option<indicatif::ProgressBar>,
     total: u64,
     started: Instant,
@@ -121,7 +121,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(total: u64, what: &'static str) -> Progress {
+    pub(crate) fn new(total: u64, what: &'static str) -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(total);
             bar.set_style(
@@ -143,7 +143,7 @@ impl Progress {
         }
     }
 
-    fn update(&mut self, left: u64) {
+    pub(crate) fn update(&mut self, left: u64) {
         let done = self.total.saturating_sub(left);
         if let Some(bar) = &self.bar {
             bar.set_position(done);
@@ -167,7 +167,7 @@ impl Progress {
         }
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

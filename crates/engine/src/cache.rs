@@ -20,7 +20,7 @@ use crate::locks::LineLocks;
 use crate::map::{dirty_limit_lines, Invariant, MapState, NeedPages, RestoreChecksums};
 use crate::policy;
 use crate::superblock::write_superblock;
-use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{MapLock, MapReadGuard, MapWriteGuard, Mutex, RwLock};
 use crate::touches::TouchLog;
 use crate::volume::Volume;
@@ -468,9 +468,11 @@ pub struct RecoveryReport {
     pub millis: u64,
 }
 
-/// The volumes of a cache at one moment, in the order they were opened or added. Volumes are
-/// only ever appended while a cache is open ([`Cache::add_volume`]), so an index into one
-/// snapshot names the same volume in every later one.
+/// The volumes of a cache at one moment, in the order they were opened or added
+/// ([`Cache::add_volume`], [`Cache::remove_volume`] replace the list whole). An index into a
+/// snapshot names the same volume in later ones until a volume is removed; additions and
+/// removals while serving are made only by the control socket's one thread, which is also
+/// the only one using indices across calls (`set-mode`).
 #[derive(Clone)]
 pub struct VolumeList(Arc<[Arc<Volume>]>);
 
@@ -491,8 +493,10 @@ impl<'a> IntoIterator for &'a VolumeList {
 
 pub struct Cache {
     core: Arc<CacheCore>,
-    /// Replaced whole (never changed in place) when a volume is added.
+    /// Replaced whole (never changed in place) when a volume is added or removed.
     volumes: RwLock<VolumeList>,
+    /// `retired_volume_ids`.
+    retired_ids: AtomicU32,
     /// What the last open recovered from the journal, for `info`.
     recovery: Option<RecoveryReport>,
     pub(crate) cleaner: crate::cleaner::CleanerState,
@@ -815,6 +819,7 @@ impl Cache {
             Cache {
                 core,
                 volumes: RwLock::new(VolumeList(volumes.into())),
+                retired_ids: AtomicU32::new(0),
                 recovery: report.recovery.clone(),
                 cleaner: Default::default(),
             },
@@ -923,6 +928,73 @@ impl Cache {
         Ok(volume)
     }
 
+    /// Takes the volume at `index` out of the open cache: a removal while serving, once no
+    /// request can reach it (its export removed and its connections ended) and its dirty data
+    /// was written back ([`Cache::request_volume_drain`]); refused while it holds dirty data,
+    /// and for the only volume. Drops every line of it under its line lock, flushes its
+    /// backing device (what was written through is durable there before it leaves), commits,
+    /// then, under the commit lock, writes the superblock without its slot; only then does it
+    /// leave the lists (its device is closed when the last user lets it go). Its id is not
+    /// given to a volume added later while this cache is open (docs/design.md §5.3).
+    pub fn remove_volume(&self, index: usize) -> Result<()> {
+        self.core.check_running()?;
+        let v = self.volume_at(index)?;
+        let refuse = |why: String| {
+            EngineError::Format(format!("cannot remove volume '{}': {why}", v.name()))
+        };
+        if self.volumes().len() == 1 {
+            return Err(refuse(
+                "it is the cache's only volume (use `ssdcache detach`)".into(),
+            ));
+        }
+        let dirty = v.stats().dirty_bytes;
+        if dirty > 0 {
+            return Err(refuse(format!(
+                "it still holds {dirty} bytes of dirty data"
+            )));
+        }
+        self.drop_all_lines_of(&v)?;
+        v.backing().flush().map_err(|source| EngineError::Backing {
+            device: v.backing().describe(),
+            source,
+        })?;
+        self.commit()?;
+        let _no_commit = self.core.commits.exclusive();
+        let held = self.core.occupancy.of(v.id()).lines;
+        if held > 0 {
+            return Err(self.core.halt(format!(
+                "volume '{}' holds {held} lines again while it is removed (no request may reach it)",
+                v.name()
+            )));
+        }
+        self.core.update_superblock(|sb| {
+            sb.volumes.retain(|slot| slot.id != v.id());
+            self.fold_volumes(sb);
+        })?;
+        self.core
+            .backings
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|b| !std::ptr::eq(&**b, v.backing()));
+        let mut list = self.volumes.write().unwrap_or_else(|p| p.into_inner());
+        let kept: Vec<Arc<Volume>> = list
+            .iter()
+            .filter(|o| !Arc::ptr_eq(o, &v))
+            .cloned()
+            .collect();
+        *list = VolumeList(kept.into());
+        drop(list);
+        self.retired_ids.fetch_or(1 << v.id(), Ordering::AcqRel);
+        tracing::info!("volume '{}' removed (slot {} freed)", v.name(), v.id());
+        Ok(())
+    }
+
+    /// Slot ids of volumes removed while this cache is open: not given to a new volume until
+    /// the next open (bit `id`).
+    pub fn retired_volume_ids(&self) -> u32 {
+        self.retired_ids.load(Ordering::Acquire)
+    }
+
     /// Why `slot` cannot join the volumes of `sb` (the superblock as last written), if it
     /// cannot.
     fn refuse_new_slot(
@@ -940,6 +1012,13 @@ impl Cache {
         }
         if let Some(other) = sb.volumes.iter().find(|v| v.id == slot.id) {
             return Err(format!("slot {} is volume '{}'s", slot.id, other.name));
+        }
+        if self.retired_volume_ids() & (1 << slot.id) != 0 {
+            return Err(format!(
+                "slot {} was freed by a removal while this cache is open; use another (a \
+                 later start may reuse it)",
+                slot.id
+            ));
         }
         if sb.volumes.iter().any(|v| v.name == slot.name) {
             return Err("the cache already has a volume of that name".into());

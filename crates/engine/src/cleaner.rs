@@ -17,7 +17,7 @@ use crate::error::{EngineError, Result};
 use crate::locks::LineKey;
 use crate::map::{line_of, volume_of, DamagedLines, DirtyLine, DirtySweep, SweepEntry};
 use crate::residency::NO_KEY;
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::thread::{self, JoinHandle};
 use crate::sync::Mutex;
 use crate::volume::{Counter, Volume};
@@ -87,6 +87,8 @@ const DRAIN_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// ... and gives up after this many tries in a row (30 s of pauses).
 const DRAIN_BUSY_ROUNDS: u32 = 3000;
 
+const NO_VOLUME_DRAIN: u32 = u32::MAX;
+
 /// The state a cache keeps for its cleaner thread.
 pub(crate) struct CleanerState {
     /// The address-ordered sweep under way (`Select::All`, `Select::DirtySince`).
@@ -95,6 +97,10 @@ pub(crate) struct CleanerState {
     /// are served in turns, and one shared sweep would start over at each turn (review 38).
     volume_sweeps: Mutex<HashMap<u16, DirtySweep>>,
     draining: AtomicBool,
+    /// The id of a volume whose dirty data the cleaner writes back at full speed before
+    /// anything else (a removal while serving, [`Cache::request_volume_drain`]), or
+    /// `NO_VOLUME_DRAIN`.
+    volume_drain: AtomicU32,
     stop: Arc<AtomicBool>,
     /// When the oldest dirty line the cleaner can write back became dirty (`now_secs`), as
     /// the cleaner last saw it (about every second), `u64::MAX` for none: read by
@@ -111,6 +117,7 @@ impl Default for CleanerState {
             sweep: Default::default(),
             volume_sweeps: Default::default(),
             draining: AtomicBool::new(false),
+            volume_drain: AtomicU32::new(NO_VOLUME_DRAIN),
             stop: Default::default(),
             oldest_dirty_since: AtomicU64::new(u64::MAX),
             thread: Default::default(),
@@ -974,6 +981,20 @@ impl Cache {
         self.cleaner.draining.load(Ordering::Acquire)
     }
 
+    /// Asks the cleaner to write back one volume's dirty data first, at full speed (`Some`,
+    /// by id), or to stop doing so (`None`). For a removal while serving; the request stays
+    /// until withdrawn, and the cleaner idles on it once the volume has no dirty data.
+    pub fn request_volume_drain(&self, volume: Option<u16>) {
+        let id = volume.map_or(NO_VOLUME_DRAIN, u32::from);
+        self.cleaner.volume_drain.store(id, Ordering::Release);
+    }
+
+    /// The volume whose drain was requested, while it has dirty data to write back.
+    fn volume_to_drain(&self) -> Option<u16> {
+        let id = u16::try_from(self.cleaner.volume_drain.load(Ordering::Acquire)).ok()?;
+        (self.core().occupancy.of(id).dirty_lines > 0).then_some(id)
+    }
+
     /// The volumes that are offline (`Cache::open_volumes`): nothing of theirs is written back.
     pub(crate) fn offline_volumes(&self) -> VolumeSet {
         let mut set = VolumeSet::default();
@@ -1091,7 +1112,9 @@ impl Cache {
                 self.request_drain(false);
             }
             let capped = self.volume_near_dirty_cap(&turns);
-            if writable == 0 || !(draining || above_high || aged || capped.is_some()) {
+            let volume_drain = self.volume_to_drain();
+            let urgent = draining || volume_drain.is_some();
+            if writable == 0 || !(urgent || above_high || aged || capped.is_some()) {
                 // (The committer commits every second meanwhile.)
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -1106,7 +1129,7 @@ impl Cache {
             // after the clients' writes began to go to the disk (measured: half the disk, and
             // random writes at 0.58x the bare disk; issue 11).
             let idle = self.core().backing_idle_for() >= cfg.idle_after;
-            let (depth, batch, pace) = if draining {
+            let (depth, batch, pace) = if urgent {
                 (cfg.max_in_flight, cfg.batch_lines, Pace::Flush)
             } else if idle {
                 (
@@ -1123,7 +1146,9 @@ impl Cache {
             };
             // A drain takes everything, fastest in address order; dirty pressure takes the
             // lines nearest eviction.
-            let select = if draining {
+            let select = if let Some(id) = volume_drain {
+                Select::Volume(id)
+            } else if draining {
                 Select::All
             } else if above_high {
                 Select::Coldest
@@ -1247,7 +1272,7 @@ impl Cache {
     }
 
     /// The volume at `index` in [`Cache::volumes`], or an error naming the index.
-    fn volume_at(&self, index: usize) -> Result<Arc<Volume>> {
+    pub(crate) fn volume_at(&self, index: usize) -> Result<Arc<Volume>> {
         self.volumes()
             .get(index)
             .cloned()
@@ -1287,6 +1312,12 @@ impl Cache {
                 v.name()
             )));
         }
+        self.drop_all_lines_of(&v)
+    }
+
+    /// Drops every line of `v`, which holds no dirty data, and checks none is left (a broken
+    /// invariant halts).
+    pub(crate) fn drop_all_lines_of(&self, v: &Volume) -> Result<()> {
         self.drop_lines_of(v.id())?;
         let held = self.core().occupancy.of(v.id()).lines;
         if held > 0 {

@@ -42,7 +42,7 @@ use crate::proto::{
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
 use crate::server::{
-    lock, BatchedRead, InBackend, Lane, NbdStream, Registration, RingReads, RingStart,
+    lock, BatchedRead, ExportTable, InBackend, Lane, NbdStream, Registration, RingReads, RingStart,
     ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };
 
@@ -124,7 +124,7 @@ pub(crate) fn serve<S: NbdStream>(
 ) -> Result<(), ConnectionError> {
     let peer = stream.peer_label();
     info!(%peer, "NBD connection opened");
-    let result = run(shared, stream, start, &peer);
+    let result = run(shared, stream, start, &peer, &registration);
     // Free the connection's place before saying so: a client that reads the
     // log line and reconnects must find it free.
     drop(registration);
@@ -147,21 +147,27 @@ fn run<S: NbdStream>(
     mut stream: S,
     start: Start,
     peer: &str,
+    registration: &Registration,
 ) -> Result<(), ConnectionError> {
+    // One table for the handshake and the lookup of the export it chose.
+    let exports = shared.exports();
     let index = match start {
         Start::Transmission { export } => export,
-        Start::Handshake => match drive_handshake(&mut stream, shared, peer)? {
+        Start::Handshake => match drive_handshake(&mut stream, shared, &exports, peer)? {
             Some(export) => export,
             None => return Ok(()),
         },
     };
-    let exports = shared.exports();
     let Some(export) = exports.list.get(index) else {
         return Err(ConnectionError::NoSuchExport {
             peer: peer.to_owned(),
             index,
         });
     };
+    if !registration.enter_export(export) {
+        info!(%peer, export = %export.info.name, "export removed during the handshake; closing");
+        return Ok(());
+    }
     debug!(%peer, export = %export.info.name, "entering transmission");
     transmit(shared, stream, export, peer)
 }
@@ -222,10 +228,11 @@ fn transmit<S: NbdStream>(
 fn drive_handshake<S: NbdStream>(
     stream: &mut S,
     shared: &Shared,
+    exports: &ExportTable,
     peer: &str,
 ) -> Result<Option<usize>, ConnectionError> {
     let deadline = Instant::now() + shared.config.handshake_timeout;
-    let mut machine = Handshake::new(Arc::clone(&shared.exports().infos));
+    let mut machine = Handshake::new(Arc::clone(&exports.infos));
     let mut chunk = [0u8; 4096];
     loop {
         set_remaining_timeout(stream, deadline, peer)?;

@@ -297,8 +297,9 @@ pub struct Server {
     shared: Arc<Shared>,
 }
 
-/// The exports at one moment. Exports are only appended ([`Server::add_export`]), so an index
-/// a handshake chose from one table names the same export in every later one.
+/// The exports at one moment ([`Server::add_export`], [`Server::remove_export`] replace the
+/// table whole). A connection negotiates on one table and enters transmission on the export
+/// it chose there, if that export is still served ([`Registration::enter_export`]).
 pub(crate) struct ExportTable {
     pub(crate) list: Vec<ServerExport>,
     /// What handshakes advertise: the `info` of each export, in the same order.
@@ -381,7 +382,13 @@ type Stopper = Box<dyn Fn(Shutdown) + Send>;
 #[derive(Default)]
 struct Connections {
     next_id: u64,
-    open: HashMap<u64, Stopper>,
+    open: HashMap<u64, OpenConnection>,
+}
+
+struct OpenConnection {
+    stop: Stopper,
+    /// The export it serves, once in transmission.
+    export: Option<String>,
 }
 
 /// An open connection's entry in the registry, removed on drop (even if the
@@ -391,13 +398,35 @@ pub(crate) struct Registration {
     id: u64,
 }
 
+impl Registration {
+    /// Records that the connection serves `export` from now on. False if the export was
+    /// removed since the connection's handshake read the table: the connection must end
+    /// without a request (a removed volume takes none). Checked and recorded under the
+    /// connections' lock, which [`Server::remove_export`] holds while it removes the export and
+    /// closes the connections recorded as serving it, so no connection slips between the two.
+    pub(crate) fn enter_export(&self, export: &ServerExport) -> bool {
+        let mut connections = lock(&self.shared.connections);
+        let served = self
+            .shared
+            .exports()
+            .list
+            .iter()
+            .any(|e| Arc::ptr_eq(&e.backend, &export.backend));
+        if served {
+            if let Some(c) = connections.open.get_mut(&self.id) {
+                c.export = Some(export.info.name.clone());
+            }
+        }
+        served
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut connections = lock(&self.shared.connections);
         connections.open.remove(&self.id);
-        if connections.open.is_empty() {
-            self.shared.idle.notify_all();
-        }
+        // Every end, not only the last: `remove_export` waits for those of one export.
+        self.shared.idle.notify_all();
     }
 }
 
@@ -438,6 +467,42 @@ impl Server {
         list.push(export);
         *table = Arc::new(ExportTable::new(list));
         Ok(())
+    }
+
+    /// Stops serving the export `name`: handshakes from now on do not list it, and every
+    /// connection serving it is closed in both directions at once (requests already inside the
+    /// backend finish; their replies are not sent). Returns true once none of its connections
+    /// is left (their threads ended, so no request of theirs is inside the backend), false if
+    /// some still are after `wait` (call again to wait more). Unknown names are not an error:
+    /// a second call waits for the first one's connections.
+    pub fn remove_export(&self, name: &str, wait: Duration) -> bool {
+        let connections = lock(&self.shared.connections);
+        {
+            let mut table = lock(&self.shared.exports);
+            if table.list.iter().any(|e| e.info.name == name) {
+                let list = table
+                    .list
+                    .iter()
+                    .filter(|e| e.info.name != name)
+                    .cloned()
+                    .collect();
+                *table = Arc::new(ExportTable::new(list));
+                info!(export = name, "NBD export removed");
+            }
+        }
+        for c in connections.open.values() {
+            if c.export.as_deref() == Some(name) {
+                (c.stop)(Shutdown::Both);
+            }
+        }
+        let serving =
+            |c: &mut Connections| c.open.values().any(|o| o.export.as_deref() == Some(name));
+        let waited = self
+            .shared
+            .idle
+            .wait_timeout_while(connections, wait, serving);
+        let (_guard, result) = waited.unwrap_or_else(PoisonError::into_inner);
+        !result.timed_out()
     }
 
     /// The checks [`Server::new`] makes of a configuration, for callers that want to refuse a
@@ -493,8 +558,8 @@ impl Server {
         if let Err(error) = self.shared.wake_tx.shutdown(Shutdown::Write) {
             warn!(%error, "cannot wake the accept loops");
         }
-        for stop in lock(&self.shared.connections).open.values() {
-            stop(Shutdown::Read);
+        for c in lock(&self.shared.connections).open.values() {
+            (c.stop)(Shutdown::Read);
         }
     }
 
@@ -510,8 +575,8 @@ impl Server {
         }
         self.shutdown();
         info!("NBD server closing every connection now");
-        for stop in lock(&self.shared.connections).open.values() {
-            stop(Shutdown::Both);
+        for c in lock(&self.shared.connections).open.values() {
+            (c.stop)(Shutdown::Both);
         }
         self.shared.buffers.wake_all();
     }
@@ -579,7 +644,9 @@ impl Server {
         } else if self.shared.is_shutting_down() {
             stop(Shutdown::Read);
         }
-        connections.open.insert(id, stop);
+        connections
+            .open
+            .insert(id, OpenConnection { stop, export: None });
         Ok(Registration {
             shared: Arc::clone(&self.shared),
             id,

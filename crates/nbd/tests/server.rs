@@ -680,3 +680,95 @@ fn serve_transmission_skips_the_handshake() {
     ));
     assert_eq!(server.open_connections(), 0);
 }
+
+/// Exports added and removed while serving (`ssdcache volume add` / `remove` through the
+/// daemon): a new export is negotiated by new connections; a removed one is no longer offered,
+/// its connections are closed, `remove_export` returns once they ended, and a connection on
+/// another export goes on.
+#[test]
+fn exports_added_and_removed_while_serving() {
+    let (server, backend) = rw_server();
+    let (mut disk, disk_handle) = go_pair(&server, "disk");
+    let second = MemExport::new(SIZE);
+    let info = export_info("second", SIZE as u64, transmission_flags(false));
+    server
+        .add_export(served(info.clone(), Arc::clone(&second)))
+        .expect("add an export");
+    assert!(
+        server
+            .add_export(served(info, MemExport::new(SIZE)))
+            .is_err(),
+        "a name already exported is refused"
+    );
+    let (mut client, handle) = go_pair(&server, "second");
+    assert_eq!(client.write(4096, &[7u8; 4096]), 0);
+    assert_eq!(second.contents(4096, 4096), vec![7u8; 4096]);
+
+    assert!(
+        server.remove_export("second", Duration::from_secs(10)),
+        "its connection ended within the wait"
+    );
+    let _ended = handle.join().expect("the connection's thread ended");
+    let after = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| client.read(0, 4096)));
+    assert!(
+        !matches!(after, Ok(Ok(_))),
+        "the removed export's connection is closed"
+    );
+    // A new connection is not offered it.
+    let (mut stream, refused) = connect_pair(&server);
+    read_greeting(&mut stream);
+    stream
+        .write_all(&NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    stream
+        .write_all(&option_bytes(NBD_OPT_EXPORT_NAME, b"second"))
+        .unwrap();
+    assert!(matches!(
+        refused.join().unwrap(),
+        Err(ConnectionError::Handshake { .. })
+    ));
+    // The other export's connection was not touched.
+    assert_eq!(disk.write(0, &[9u8; 4096]), 0);
+    assert_eq!(backend.contents(0, 4096), vec![9u8; 4096]);
+    assert_eq!(disk.read(0, 4096).expect("read"), vec![9u8; 4096]);
+    drop(disk);
+    assert!(disk_handle.join().unwrap().is_ok());
+}
+
+/// A connection whose handshake began before its export was removed may still choose it (the
+/// handshake offers what the table held when it began), but ends before any request reaches
+/// the removed export's backend.
+#[test]
+fn an_export_removed_during_a_handshake_takes_no_request() {
+    let (server, _backend) = rw_server();
+    let second = MemExport::new(SIZE);
+    let info = export_info("second", SIZE as u64, transmission_flags(false));
+    server
+        .add_export(served(info, Arc::clone(&second)))
+        .expect("add an export");
+    let (mut stream, handle) = connect_pair(&server);
+    read_greeting(&mut stream);
+    assert!(server.remove_export("second", Duration::from_secs(10)));
+    stream
+        .write_all(&NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    stream
+        .write_all(&option_bytes(NBD_OPT_EXPORT_NAME, b"second"))
+        .unwrap();
+    let mut request = Vec::new();
+    request.extend_from_slice(&NBD_REQUEST_MAGIC.to_be_bytes());
+    request.extend_from_slice(&0u16.to_be_bytes());
+    request.extend_from_slice(&NBD_CMD_WRITE.to_be_bytes());
+    request.extend_from_slice(&1u64.to_be_bytes());
+    request.extend_from_slice(&0u64.to_be_bytes());
+    request.extend_from_slice(&4096u32.to_be_bytes());
+    request.extend_from_slice(&[5u8; 4096]);
+    let _ = stream.write_all(&request);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = handle.join().expect("the connection's thread ended");
+    assert!(
+        second.calls().is_empty(),
+        "no request reached the removed export: {:?}",
+        second.calls()
+    );
+}

@@ -1,7 +1,9 @@
-//! Adding a volume to an open cache (`Cache::add_volume`, what `ssdcache volume add` asks the
-//! serving daemon to do): the other volume's writes and commits go on meanwhile; the new
-//! volume's dirty data survives a power cut right after its FLUSH and is written back onto
-//! its own device; refusals (a taken name or slot, a wrong size, a full cache) change nothing.
+//! Adding and removing volumes of an open cache (`Cache::add_volume`, `Cache::remove_volume`:
+//! what `ssdcache volume add` and `remove` ask the serving daemon to do). Added: the other
+//! volume's writes and commits go on meanwhile; the new volume's dirty data survives a power
+//! cut right after its FLUSH and is written back onto its own device; refusals (a taken name
+//! or slot, a wrong size, a full cache) change nothing. Removed: its dirty data written back
+//! first, the other volume's left alone, nothing of it left after a power cut.
 
 mod common;
 
@@ -181,6 +183,92 @@ fn refused_additions_change_nothing() {
     assert_eq!(
         read_superblock(&*cache_dev).expect("superblock").sequence,
         sequence
+    );
+    cache.shutdown().expect("shutdown");
+}
+
+/// A volume removed while serving (`ssdcache volume remove` through the daemon): the cleaner
+/// writes its dirty data back first (`request_volume_drain`) while the other volume's stays
+/// dirty; `remove_volume` then takes it out. After a power cut the superblock names only the
+/// other volume, which kept its data, and the removed volume's device holds all of its own.
+/// Its slot id is not reused while the cache is open.
+#[test]
+fn a_volume_removed_while_serving_leaves_its_data_on_its_device() {
+    let (cache_dev, [backing_a, backing_b]) = common::two_volume_cache(CACHE, LINE, [SIZE, SIZE]);
+    let cache = Arc::new(common::open_crash(&cache_dev, &[&backing_a, &backing_b]));
+    let a_data = data(11, 2 * MIB as usize);
+    let b_data = data(12, 3 * MIB as usize);
+    cache.volumes()[0]
+        .write(0, &a_data, false)
+        .expect("write a");
+    cache.volumes()[1]
+        .write(MIB, &b_data, false)
+        .expect("write b");
+    cache.volumes()[0].flush().expect("flush a");
+    let a_dirty = cache.volumes()[0].stats().dirty_bytes;
+    assert!(a_dirty > 0 && cache.volumes()[1].stats().dirty_bytes > 0);
+    let refused = cache.remove_volume(1);
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("dirty data")),
+        "removal with dirty data is refused: {refused:?}"
+    );
+    cache.start_cleaner(CleanerConfig {
+        max_age: std::time::Duration::from_secs(3600),
+        ..CleanerConfig::default()
+    });
+    cache.request_volume_drain(Some(1));
+    common::wait_for(
+        "b's dirty data written back",
+        std::time::Duration::from_secs(20),
+        || cache.volumes()[1].stats().dirty_bytes == 0,
+    );
+    cache.request_volume_drain(None);
+    assert_eq!(
+        cache.volumes()[0].stats().dirty_bytes,
+        a_dirty,
+        "a's dirty data is not written back by b's removal"
+    );
+    cache.remove_volume(1).expect("remove b");
+    assert_eq!(cache.volumes().len(), 1);
+    assert_eq!(cache.volumes()[0].name(), "a");
+    assert!(
+        matches!(
+            cache.add_volume(slot(&cache, 1, "c", SIZE), backing_b.clone()),
+            Err(EngineError::AddRefused { why, .. }) if why.contains("freed by a removal")
+        ),
+        "b's slot is not reused while the cache is open"
+    );
+    let b_image = backing_b.durable_image();
+    assert!(
+        b_image[MIB as usize..4 * MIB as usize] == b_data[..],
+        "b's data is durable on b's device when the removal returns"
+    );
+
+    let cache_after = Arc::new(cache_dev.crashed("cache-after", 3));
+    let a_after = Arc::new(backing_a.crashed("a-after", 3));
+    cache.stop_cleaner();
+    drop(cache);
+    let sb = read_superblock(&*cache_after).expect("superblock");
+    let names: Vec<&str> = sb.volumes.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["a"], "the superblock names only a");
+    let cache = common::open_crash(&cache_after, &[&a_after]);
+    assert!(
+        read_volume(&cache, 0, 0, a_data.len()) == a_data,
+        "a kept its data"
+    );
+    assert_eq!(cache.volumes()[0].stats().dirty_bytes, a_dirty);
+    // After a restart the slot may be used again, and the new volume reads its own device.
+    let c = cache
+        .add_volume(
+            slot(&cache, 1, "c", SIZE),
+            Arc::new(MemDevice::new("c", SIZE)),
+        )
+        .expect("slot 1 after a restart");
+    let mut buf = vec![0xAAu8; 4 * MIB as usize];
+    c.read(0, &mut buf).expect("read c");
+    assert!(
+        buf.iter().all(|&x| x == 0),
+        "c reads its own (empty) device, not b's data"
     );
     cache.shutdown().expect("shutdown");
 }
