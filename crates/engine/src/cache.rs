@@ -904,12 +904,7 @@ impl Cache {
         self.refuse_new_slot(&self.core.commits.superblock(), &slot, &*backing)
             .map_err(refuse)?;
         let backing = Arc::new(Backing::new(backing));
-        backing
-            .flush_device()
-            .map_err(|source| EngineError::Backing {
-                device: backing.describe(),
-                source,
-            })?;
+        backing.flush_device()?;
         self.core.update_superblock(|sb| {
             sb.volumes.push(slot.clone());
             self.fold_volumes(sb);
@@ -1401,12 +1396,7 @@ fn flush_before_reading(dev: &dyn BlockDevice, backings: &[Arc<Backing>]) -> Res
         source,
     })?;
     for backing in backings {
-        backing
-            .flush_device()
-            .map_err(|source| EngineError::Backing {
-                device: backing.describe(),
-                source,
-            })?;
+        backing.flush_device()?;
     }
     Ok(())
 }

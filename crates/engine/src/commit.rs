@@ -168,8 +168,11 @@ impl Backing {
 
     /// Flushes the device itself whatever was counted: at open, for writes of an earlier run
     /// that may still sit in its volatile cache.
-    pub fn flush_device(&self) -> io::Result<()> {
-        self.dev.flush()
+    pub fn flush_device(&self) -> Result<()> {
+        self.dev.flush().map_err(|source| EngineError::Backing {
+            device: self.describe(),
+            source,
+        })
     }
 
     /// Makes every write that returned before this call durable; no device flush when none

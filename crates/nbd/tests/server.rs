@@ -47,6 +47,22 @@ fn go_pair(
     (Client::go(stream, name), handle)
 }
 
+/// Reads the greeting, then asks for `name` the old way (`NBD_OPT_EXPORT_NAME`).
+fn ask_export_name(stream: &mut UnixStream, name: &[u8]) {
+    read_greeting(stream);
+    choose_export_name(stream, name);
+}
+
+/// After the greeting: the client's flags, then `NBD_OPT_EXPORT_NAME` for `name`.
+fn choose_export_name(stream: &mut UnixStream, name: &[u8]) {
+    stream
+        .write_all(&NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    stream
+        .write_all(&option_bytes(NBD_OPT_EXPORT_NAME, name))
+        .unwrap();
+}
+
 fn eventually(what: &str, condition: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !condition() {
@@ -458,13 +474,7 @@ fn handshake_abort_and_unknown_export_end_the_connection() {
     assert!(handle.join().unwrap().is_ok(), "abort is a clean end");
 
     let (mut stream, handle) = connect_pair(&server);
-    read_greeting(&mut stream);
-    stream
-        .write_all(&NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
-        .unwrap();
-    stream
-        .write_all(&option_bytes(NBD_OPT_EXPORT_NAME, b"missing"))
-        .unwrap();
+    ask_export_name(&mut stream, b"missing");
     assert!(matches!(
         handle.join().unwrap(),
         Err(ConnectionError::Handshake { .. })
@@ -716,13 +726,7 @@ fn exports_added_and_removed_while_serving() {
     );
     // A new connection is not offered it.
     let (mut stream, refused) = connect_pair(&server);
-    read_greeting(&mut stream);
-    stream
-        .write_all(&NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
-        .unwrap();
-    stream
-        .write_all(&option_bytes(NBD_OPT_EXPORT_NAME, b"second"))
-        .unwrap();
+    ask_export_name(&mut stream, b"second");
     assert!(matches!(
         refused.join().unwrap(),
         Err(ConnectionError::Handshake { .. })
@@ -749,12 +753,7 @@ fn an_export_removed_during_a_handshake_takes_no_request() {
     let (mut stream, handle) = connect_pair(&server);
     read_greeting(&mut stream);
     assert!(server.remove_export("second", Duration::from_secs(10)));
-    stream
-        .write_all(&NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
-        .unwrap();
-    stream
-        .write_all(&option_bytes(NBD_OPT_EXPORT_NAME, b"second"))
-        .unwrap();
+    choose_export_name(&mut stream, b"second");
     let mut request = Vec::new();
     request.extend_from_slice(&NBD_REQUEST_MAGIC.to_be_bytes());
     request.extend_from_slice(&0u16.to_be_bytes());
