@@ -191,7 +191,11 @@ fn remove_through_daemon(ctl: &Path, name: &str, first: serde_json::Value) -> Re
         };
         if let Some(why) = why {
             progress.finish();
-            crate::control::query(ctl, &remove_request("volume-remove-cancel", name)?)?;
+            let withdrawn =
+                crate::control::query(ctl, &remove_request("volume-remove-cancel", name)?)?;
+            if withdrawn.is_some_and(|w| w["removed"].as_bool() == Some(true)) {
+                bail!("{why}, but volume '{name}' had been removed just before");
+            }
             bail!(
                 "{why}: volume '{name}' was not removed and is served again (what was written \
                  back stays clean; run the command again to go on). To see what holds it up, \
@@ -256,12 +260,12 @@ pub fn remove_online(daemon: &crate::control::Daemon, name: &str) -> Result<serd
         return Ok(phase("closing its connections", dirty));
     }
     // No request reaches the volume from here on.
-    cache.request_volume_drain(Some(volume.id()));
+    cache.request_volume_drain(volume.id(), true);
     let dirty = volume.stats().dirty_bytes;
     if dirty > 0 {
         return Ok(phase("writing back", dirty));
     }
-    cache.request_volume_drain(None);
+    cache.request_volume_drain(volume.id(), false);
     cache.remove_volume(index)?;
     lock_removed(daemon).push(name.to_owned());
     tracing::info!("volume '{name}' removed while serving; its backing device is closed");
@@ -274,11 +278,14 @@ pub fn cancel_remove_online(
     daemon: &crate::control::Daemon,
     name: &str,
 ) -> Result<serde_json::Value> {
-    daemon.cache.request_volume_drain(None);
     let volumes = daemon.cache.volumes();
     let Some(volume) = volumes.iter().find(|v| v.name() == name) else {
+        if lock_removed(daemon).iter().any(|n| n == name) {
+            return Ok(serde_json::json!({ "removed": true }));
+        }
         bail!("the cache has no volume '{name}'");
     };
+    daemon.cache.request_volume_drain(volume.id(), false);
     if volume.offline_reason().is_none() {
         let export =
             crate::serve::volume_export(volume, daemon.read_only, daemon.recorder.as_deref());

@@ -87,8 +87,6 @@ const DRAIN_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// ... and gives up after this many tries in a row (30 s of pauses).
 const DRAIN_BUSY_ROUNDS: u32 = 3000;
 
-const NO_VOLUME_DRAIN: u32 = u32::MAX;
-
 /// The state a cache keeps for its cleaner thread.
 pub(crate) struct CleanerState {
     /// The address-ordered sweep under way (`Select::All`, `Select::DirtySince`).
@@ -97,10 +95,9 @@ pub(crate) struct CleanerState {
     /// are served in turns, and one shared sweep would start over at each turn (review 38).
     volume_sweeps: Mutex<HashMap<u16, DirtySweep>>,
     draining: AtomicBool,
-    /// The id of a volume whose dirty data the cleaner writes back at full speed before
-    /// anything else (a removal while serving, [`Cache::request_volume_drain`]), or
-    /// `NO_VOLUME_DRAIN`.
-    volume_drain: AtomicU32,
+    /// Volumes whose dirty data the cleaner writes back at full speed before anything else
+    /// (removals while serving, [`Cache::request_volume_drain`]): bit `id` (32 volume slots).
+    volumes_to_drain: AtomicU32,
     stop: Arc<AtomicBool>,
     /// When the oldest dirty line the cleaner can write back became dirty (`now_secs`), as
     /// the cleaner last saw it (about every second), `u64::MAX` for none: read by
@@ -117,7 +114,7 @@ impl Default for CleanerState {
             sweep: Default::default(),
             volume_sweeps: Default::default(),
             draining: AtomicBool::new(false),
-            volume_drain: AtomicU32::new(NO_VOLUME_DRAIN),
+            volumes_to_drain: AtomicU32::new(0),
             stop: Default::default(),
             oldest_dirty_since: AtomicU64::new(u64::MAX),
             thread: Default::default(),
@@ -981,18 +978,28 @@ impl Cache {
         self.cleaner.draining.load(Ordering::Acquire)
     }
 
-    /// Asks the cleaner to write back one volume's dirty data first, at full speed (`Some`,
-    /// by id), or to stop doing so (`None`). For a removal while serving; the request stays
-    /// until withdrawn, and the cleaner idles on it once the volume has no dirty data.
-    pub fn request_volume_drain(&self, volume: Option<u16>) {
-        let id = volume.map_or(NO_VOLUME_DRAIN, u32::from);
-        self.cleaner.volume_drain.store(id, Ordering::Release);
+    /// Asks the cleaner to write back the dirty data of volume `id` first, at full speed
+    /// (`on`), or to stop doing so. For removals while serving (several may be under way); a
+    /// request stays until withdrawn, and is passed over once the volume has no dirty data.
+    pub fn request_volume_drain(&self, id: u16, on: bool) {
+        let bit = 1u32.checked_shl(u32::from(id)).unwrap_or(0);
+        if on {
+            self.cleaner
+                .volumes_to_drain
+                .fetch_or(bit, Ordering::AcqRel);
+        } else {
+            self.cleaner
+                .volumes_to_drain
+                .fetch_and(!bit, Ordering::AcqRel);
+        }
     }
 
-    /// The volume whose drain was requested, while it has dirty data to write back.
+    /// A volume whose drain was requested and which has dirty data to write back.
     fn volume_to_drain(&self) -> Option<u16> {
-        let id = u16::try_from(self.cleaner.volume_drain.load(Ordering::Acquire)).ok()?;
-        (self.core().occupancy.of(id).dirty_lines > 0).then_some(id)
+        let mask = self.cleaner.volumes_to_drain.load(Ordering::Acquire);
+        (0..32u16)
+            .filter(|id| mask & (1 << id) != 0)
+            .find(|&id| self.core().occupancy.of(id).dirty_lines > 0)
     }
 
     /// The volumes that are offline (`Cache::open_volumes`): nothing of theirs is written back.

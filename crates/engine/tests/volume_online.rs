@@ -216,13 +216,13 @@ fn a_volume_removed_while_serving_leaves_its_data_on_its_device() {
         max_age: std::time::Duration::from_secs(3600),
         ..CleanerConfig::default()
     });
-    cache.request_volume_drain(Some(1));
+    cache.request_volume_drain(1, true);
     common::wait_for(
         "b's dirty data written back",
         std::time::Duration::from_secs(20),
         || cache.volumes()[1].stats().dirty_bytes == 0,
     );
-    cache.request_volume_drain(None);
+    cache.request_volume_drain(1, false);
     assert_eq!(
         cache.volumes()[0].stats().dirty_bytes,
         a_dirty,
