@@ -212,8 +212,12 @@ fn a_volume_removed_while_serving_leaves_its_data_on_its_device() {
         matches!(&refused, Err(e) if e.to_string().contains("dirty data")),
         "removal with dirty data is refused: {refused:?}"
     );
+    // Only the drain request may write anything back: no age, no dirty pressure (80 dirty
+    // lines of about 230 are above the default high watermark).
     cache.start_cleaner(CleanerConfig {
         max_age: std::time::Duration::from_secs(3600),
+        high_watermark: 0.99,
+        low_watermark: 0.98,
         ..CleanerConfig::default()
     });
     cache.request_volume_drain(1, true);
