@@ -3,9 +3,9 @@
 # export over one connection throughout (every write lands, its connection is not
 # interrupted); the removed volume's export is withdrawn and a client connected to it is
 # disconnected; its dirty data reaches its own backing file (the other write-back volume's
-# stays dirty), its device is closed (its lock released); a withdrawn removal serves the
-# volume again; the only volume cannot be removed; after kill -9 and a restart the removed
-# volume is gone and the others kept their data.
+# stays dirty), its device is closed (its lock released); a withdrawn removal, and one whose
+# client stopped asking, serve the volume again; the only volume cannot be removed; after
+# kill -9 and a restart the removed volume is gone and the others kept their data.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io qemu-img nbdinfo jq truncate cmp flock python3
 require_bin
@@ -94,6 +94,20 @@ assert_eq "$(nbdinfo --list --json "$(nbd_uri "$SOCK")" | jq -r '[.exports[]["ex
     "a,c" "c is served again after the removal was withdrawn"
 qemu-img convert -f raw -O raw "$(nbd_uri "$SOCK" c)" got-c.img || fail "copy of c"
 cmp -n $((4 * MIB)) -i "$MIB":0 got-c.img want-c.bin || fail "c does not read back its data after the withdrawn removal"
+# A removal whose client stops asking (killed, terminal closed) is withdrawn by the daemon
+# (c gets dirty data again first: a removal with none finishes in its first step).
+qemu-io -f raw -c "write -s want-c.bin 1M 4M" "$(nbd_uri "$SOCK" c)" >/dev/null || fail "write to c"
+first=$(ctl '{"request": "volume-remove", "name": "c"}')
+assert_eq "$(jq -r .done <<<"$first")" "false" "c's removal is under way: $first"
+exports() { nbdinfo --list --json "$(nbd_uri "$SOCK")" | jq -r '[.exports[]["export-name"]] | sort | join(",")'; }
+assert_eq "$(exports)" "a" "c's export is withdrawn while it is being removed"
+for ((i = 0; i < 300; i++)); do
+    [[ $(exports) == "a,c" ]] && break
+    sleep 0.1
+done
+assert_eq "$(exports)" "a,c" "c is served again once its removal's client stopped asking (within 30 s)"
+grep -q "removal of volume 'c' withdrawn: its client stopped asking" "$SERVER_LOG" ||
+    fail "the daemon's log does not say why c's removal was withdrawn"
 
 # Refusals.
 expect_status 1 "an unknown volume" "no volume 'zz'" \

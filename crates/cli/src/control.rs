@@ -142,11 +142,21 @@ pub struct Daemon {
     pub wear: Arc<WearWatch>,
     /// Names of the volumes removed while serving (a removal's last poll answers `done`).
     pub removed: std::sync::Mutex<Vec<String>>,
+    /// Removals under way, with when their client last asked (`volume::REMOVAL_LEASE`).
+    pub removing: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Held while a volume is added, removed or a removal withdrawn: the control thread and
+    /// the removal watchdog never act on volumes at the same time.
+    pub volume_ops: std::sync::Mutex<()>,
+    /// Volume names serve's config file mentions, with its path: a removal warns about them.
+    pub config_naming: std::collections::BTreeMap<String, PathBuf>,
 }
 
 /// Answers requests on a thread of its own until the process exits. One request at a time:
-/// two volume additions never race.
+/// two volume additions never race. A second thread withdraws removals whose client stopped
+/// asking (`volume::withdraw_abandoned_removals`).
 pub fn spawn(listener: UnixListener, daemon: Daemon) -> Result<()> {
+    let daemon = Arc::new(daemon);
+    let watched = daemon.clone();
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -157,6 +167,13 @@ pub fn spawn(listener: UnixListener, daemon: Daemon) -> Result<()> {
             }
         })
         .context("cannot start the control socket's thread")?;
+    std::thread::Builder::new()
+        .name("removal-watch".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            crate::volume::withdraw_abandoned_removals(&watched);
+        })
+        .context("cannot start the removal watchdog's thread")?;
     Ok(())
 }
 
@@ -182,6 +199,7 @@ fn answer_json(line: &str, daemon: &Daemon) -> serde_json::Value {
         Err(e) => return serde_json::json!({ "error": format!("bad JSON request: {e}") }),
     };
     let name = request["name"].as_str().unwrap_or_default();
+    let _one_at_a_time = daemon.volume_ops.lock().unwrap_or_else(|p| p.into_inner());
     let result = match request["request"].as_str() {
         Some("volume-add") => crate::volume::add_online(daemon, &request),
         Some("volume-remove") => crate::volume::remove_online(daemon, name),

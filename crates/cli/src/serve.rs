@@ -189,6 +189,8 @@ struct Settings {
     backing_required: std::collections::BTreeSet<String>,
     /// `--backing-wait`: how long an absent backing device is waited for.
     backing_wait: Duration,
+    /// Volume names the config file mentions (`[backing]`, `[volume.NAME]`), with its path.
+    config_naming: BTreeMap<String, PathBuf>,
     emulate_hdd: bool,
     cleaner: CleanerConfig,
     /// Share of lines that may be dirty (`Cache::set_dirty_limit`).
@@ -227,6 +229,15 @@ fn settings(args: ServeArgs) -> Result<Settings> {
     };
     let backing_required = args.backing.iter().map(|(name, _)| name.clone()).collect();
     let backing_wait = Duration::from_secs(args.backing_wait.or(file.backing_wait).unwrap_or(30));
+    let config_naming = match &args.config {
+        Some(path) => file
+            .backing
+            .keys()
+            .chain(file.volume.keys())
+            .map(|name| (name.clone(), path.clone()))
+            .collect(),
+        None => BTreeMap::new(),
+    };
     let mut backing = file.backing;
     backing.extend(args.backing);
     let defaults = CleanerConfig::default();
@@ -281,6 +292,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         backing,
         backing_required,
         backing_wait,
+        config_naming,
         emulate_hdd: args.emulate_hdd,
         tuning,
         record,
@@ -857,6 +869,9 @@ fn start_serving(
             recorder: recorder.clone(),
             wear: wear.clone(),
             removed: Default::default(),
+            removing: Default::default(),
+            volume_ops: Default::default(),
+            config_naming: s.config_naming.clone(),
         },
     )?;
     if let Some(metrics) = metrics {

@@ -9,7 +9,7 @@
 //! be served a removed one's data.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -134,27 +134,47 @@ pub fn run(command: VolumeCommand) -> Result<()> {
 /// is withdrawn (a failing disk, damaged data: the offline removal reports those).
 const REMOVE_STALL_LIMIT: Duration = Duration::from_secs(120);
 
+/// A removal whose client has not asked for this long (it was killed, its terminal closed) is
+/// withdrawn by the daemon: the volume is served again. The client asks every 200 ms; one
+/// answer takes at most about 3 s (`remove_online`'s wait for connections).
+pub const REMOVAL_LEASE: Duration = Duration::from_secs(15);
+
 fn remove(args: RemoveArgs) -> Result<()> {
     let seen = crate::devices::read_cache(&args.cache)?.1.superblock;
     let offline_only = !args.backing.is_empty() || args.discard_damaged;
+    // Before the first request: a Ctrl-C from here on withdraws the removal.
+    let stop = crate::writeback::interrupt_flag()?;
     let request = if offline_only {
         "info".to_owned()
     } else {
         remove_request("volume-remove", &args.name)?
     };
-    match crate::writeback::ask_daemon(&seen, &args.control, &request)? {
+    let asked = crate::writeback::ask_daemon(&seen, &args.control, &request);
+    if asked.is_err() && !offline_only {
+        withdraw_after_error(&seen, &args.control, &args.name);
+    }
+    match asked? {
         Some(_) if offline_only => Err(crate::usage_error(format!(
             "--backing and --discard-damaged apply to a stopped cache, and a daemon serves {}; \
              leave them out to remove the volume through the daemon, or stop it first",
             args.cache.display()
         ))),
-        Some((ctl, first)) => remove_through_daemon(&ctl, &args.name, first),
+        Some((ctl, first)) => remove_through_daemon(&ctl, &args.name, first, &stop),
         None => crate::writeback::remove_volume(
             &args.cache,
             &args.name,
             &args.backing,
             args.discard_damaged,
         ),
+    }
+}
+
+/// After the first removal request failed (refused, or no answer in time), asks the daemon to
+/// withdraw whatever it began, so the volume is served again; best effort (the daemon also
+/// withdraws a removal nobody asks about, `REMOVAL_LEASE`).
+fn withdraw_after_error(sb: &Superblock, control: &Option<PathBuf>, name: &str) {
+    if let Ok(cancel) = remove_request("volume-remove-cancel", name) {
+        let _ = crate::writeback::ask_daemon(sb, control, &cancel);
     }
 }
 
@@ -166,9 +186,13 @@ fn remove_request(request: &str, name: &str) -> Result<String> {
 
 /// Asks the daemon again until the removal is done, showing the dirty data left; Ctrl-C or
 /// no progress for `REMOVE_STALL_LIMIT` withdraws it (the volume is served again).
-fn remove_through_daemon(ctl: &Path, name: &str, first: serde_json::Value) -> Result<()> {
+fn remove_through_daemon(
+    ctl: &Path,
+    name: &str,
+    first: serde_json::Value,
+    stop: &AtomicBool,
+) -> Result<()> {
     let request = remove_request("volume-remove", name)?;
-    let stop = crate::writeback::interrupt_flag()?;
     let dirty = |a: &serde_json::Value| a["dirty_bytes"].as_u64().unwrap_or(0);
     let mut progress = crate::writeback::Progress::new(dirty(&first), "volume remove");
     let (mut answer, mut least, mut moved) = (first, u64::MAX, Instant::now());
@@ -224,7 +248,42 @@ fn remove_through_daemon(ctl: &Path, name: &str, first: serde_json::Value) -> Re
          device, its export and slot are gone, and the device is closed",
         ctl.display()
     );
+    if let Some(config) = answer["config_names_it"].as_str() {
+        eprintln!(
+            "volume remove: NOTE: the daemon's configuration file {config} names volume \
+             '{name}' ([backing] {name} or [volume.{name}]): remove those entries now; a start \
+             with a file naming a volume the cache does not have is refused"
+        );
+    }
     Ok(())
+}
+
+/// Withdraws the removals whose client stopped asking for `REMOVAL_LEASE` (run every second
+/// by the control socket's watchdog thread).
+pub fn withdraw_abandoned_removals(daemon: &crate::control::Daemon) {
+    let _one_at_a_time = daemon.volume_ops.lock().unwrap_or_else(|p| p.into_inner());
+    let abandoned: Vec<String> = lock_removing(daemon)
+        .iter()
+        .filter(|(_, asked)| asked.elapsed() > REMOVAL_LEASE)
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in abandoned {
+        tracing::warn!(
+            "removal of volume '{name}' withdrawn: its client stopped asking for {} s (killed, \
+             or its terminal closed); serving it again",
+            REMOVAL_LEASE.as_secs()
+        );
+        if let Err(e) = cancel_remove_online(daemon, &name) {
+            tracing::warn!("withdrawing the removal of volume '{name}': {e:#}");
+            lock_removing(daemon).remove(&name);
+        }
+    }
+}
+
+fn lock_removing(
+    daemon: &crate::control::Daemon,
+) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
+    daemon.removing.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The daemon's side of `volume remove` (control request `volume-remove`), asked again until
@@ -256,6 +315,7 @@ pub fn remove_online(daemon: &crate::control::Daemon, name: &str) -> Result<serd
         }
     }
     let phase = |phase: &str, dirty: u64| serde_json::json!({ "done": false, "phase": phase, "dirty_bytes": dirty });
+    lock_removing(daemon).insert(name.to_owned(), Instant::now());
     if !daemon.server.remove_export(name, Duration::from_secs(3)) {
         return Ok(phase("closing its connections", dirty));
     }
@@ -267,9 +327,19 @@ pub fn remove_online(daemon: &crate::control::Daemon, name: &str) -> Result<serd
     }
     cache.request_volume_drain(volume.id(), false);
     cache.remove_volume(index)?;
+    lock_removing(daemon).remove(name);
     lock_removed(daemon).push(name.to_owned());
     tracing::info!("volume '{name}' removed while serving; its backing device is closed");
-    Ok(serde_json::json!({ "done": true }))
+    let mut done = serde_json::json!({ "done": true });
+    if let Some(config) = daemon.config_naming.get(name) {
+        tracing::warn!(
+            "the configuration file {} names the removed volume '{name}': remove those entries, \
+             or the next start is refused",
+            config.display()
+        );
+        done["config_names_it"] = serde_json::json!(config.display().to_string());
+    }
+    Ok(done)
 }
 
 /// Withdraws a removal that was not finished: the cleaner stops favouring the volume and its
@@ -286,6 +356,7 @@ pub fn cancel_remove_online(
         bail!("the cache has no volume '{name}'");
     };
     daemon.cache.request_volume_drain(volume.id(), false);
+    lock_removing(daemon).remove(name);
     if volume.offline_reason().is_none() {
         let export =
             crate::serve::volume_export(volume, daemon.read_only, daemon.recorder.as_deref());
@@ -414,6 +485,14 @@ fn new_slot(
 ) -> Result<VolumeSlot> {
     let free = |id: &u16| retired & (1 << id) == 0 && sb.volumes.iter().all(|v| v.id != *id);
     let Some(id) = (0..MAX_VOLUMES as u16).find(free) else {
+        if retired != 0 {
+            bail!(
+                "cache {} has no free volume slot: {} of its {MAX_VOLUMES} slots were freed by \
+                 removals while this daemon runs, and are free again after a restart",
+                cache.display(),
+                retired.count_ones()
+            );
+        }
         bail!(
             "cache {} has {MAX_VOLUMES} volumes, the most its format holds",
             cache.display()

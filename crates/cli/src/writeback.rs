@@ -102,10 +102,15 @@ pub struct SetModeArgs {
 /// An online flush that writes nothing back for this long gives up (device errors).
 const STUCK_AFTER: Duration = Duration::from_secs(120);
 
-/// Set by SIGINT/SIGTERM so a long write-back stops between batches, keeping its progress.
+/// Set by SIGINT/SIGTERM/SIGHUP (a closed terminal) so a long write-back stops between
+/// batches, keeping its progress.
 pub(crate) fn interrupt_flag() -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         signal_hook::flag::register(sig, flag.clone()).context("cannot install signal handler")?;
     }
     Ok(flag)
@@ -447,8 +452,8 @@ pub fn remove_volume(
     }
     if ask_daemon(&sb, &None, "info")?.is_some() {
         bail!(
-            "a daemon is serving {}; stop it first, then run `ssdcache volume remove` again \
-             (removing a volume while serving is not built yet)",
+            "a daemon started serving {} meanwhile; run `ssdcache volume remove` again (it \
+             removes the volume through the daemon)",
             cache_path.display()
         );
     }

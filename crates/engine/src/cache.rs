@@ -979,6 +979,7 @@ impl Cache {
             .collect();
         *list = VolumeList(kept.into());
         drop(list);
+        self.lock_volume_sweeps().remove(&v.id());
         self.retired_ids.fetch_or(1 << v.id(), Ordering::AcqRel);
         tracing::info!("volume '{}' removed (slot {} freed)", v.name(), v.id());
         Ok(())

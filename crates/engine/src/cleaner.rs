@@ -416,7 +416,9 @@ impl Cache {
         }
     }
 
-    fn lock_volume_sweeps(&self) -> crate::sync::MutexGuard<'_, HashMap<u16, DirtySweep>> {
+    pub(crate) fn lock_volume_sweeps(
+        &self,
+    ) -> crate::sync::MutexGuard<'_, HashMap<u16, DirtySweep>> {
         // Changed only in short non-panicking sections, as the shared sweep.
         self.cleaner
             .volume_sweeps

@@ -68,8 +68,8 @@ pub enum ConnectionError {
     Handshake { peer: String, reason: CloseReason },
     #[error("{peer}: client disconnected during the handshake")]
     HandshakeEof { peer: String },
-    #[error("{peer}: no export with index {index}")]
-    NoSuchExport { peer: String, index: usize },
+    #[error("{peer}: no export named {name:?}")]
+    NoSuchExport { peer: String, name: String },
     #[error("{peer}: {source}")]
     Protocol {
         peer: String,
@@ -106,13 +106,14 @@ impl ConnectionError {
 }
 
 /// Where a connection starts.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Start {
     /// Negotiate the export with the NBD handshake.
     Handshake,
-    /// Go straight to transmission on this export (the Linux kernel client
-    /// after `NBD_SET_SOCK` skips the handshake).
-    Transmission { export: usize },
+    /// Go straight to transmission on the export of this name (the Linux kernel client after
+    /// `NBD_SET_SOCK` skips the handshake). By name: exports are added and removed while
+    /// serving, so an index taken earlier could name another one now.
+    Transmission { export: String },
 }
 
 /// Runs a whole connection; the registration is released when it ends.
@@ -151,19 +152,22 @@ fn run<S: NbdStream>(
 ) -> Result<(), ConnectionError> {
     // One table for the handshake and the lookup of the export it chose.
     let exports = shared.exports();
-    let index = match start {
-        Start::Transmission { export } => export,
+    let chosen = match start {
+        Start::Transmission { export: name } => exports
+            .list
+            .iter()
+            .find(|e| e.info.name == name)
+            .ok_or_else(|| ConnectionError::NoSuchExport {
+            peer: peer.to_owned(),
+            name,
+        })?,
         Start::Handshake => match drive_handshake(&mut stream, shared, &exports, peer)? {
-            Some(export) => export,
+            // The handshake chose from this very table.
+            Some(index) => &exports.list[index],
             None => return Ok(()),
         },
     };
-    let Some(export) = exports.list.get(index) else {
-        return Err(ConnectionError::NoSuchExport {
-            peer: peer.to_owned(),
-            index,
-        });
-    };
+    let export = chosen;
     if !registration.enter_export(export) {
         info!(%peer, export = %export.info.name, "export removed during the handshake; closing");
         return Ok(());

@@ -533,17 +533,18 @@ impl Server {
         connection::serve(&self.shared, stream, Start::Handshake, registration)
     }
 
-    /// Like [`Server::serve_stream`] but skips the handshake and serves
-    /// `exports[export]` directly: for a socket pair whose other end was
-    /// handed to the Linux kernel with `NBD_SET_SOCK` (the kernel never
-    /// negotiates; size and flags are set by ioctl).
+    /// Like [`Server::serve_stream`] but skips the handshake and serves the export named
+    /// `export` directly: for a socket pair whose other end was handed to the Linux kernel
+    /// with `NBD_SET_SOCK` (the kernel never negotiates; size and flags are set by ioctl).
     pub fn serve_transmission<S: NbdStream>(
         &self,
         stream: S,
-        export: usize,
+        export: &str,
     ) -> Result<(), ConnectionError> {
         let registration = self.register(&stream)?;
-        let start = Start::Transmission { export };
+        let start = Start::Transmission {
+            export: export.to_owned(),
+        };
         connection::serve(&self.shared, stream, start, registration)
     }
 

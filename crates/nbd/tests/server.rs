@@ -674,7 +674,7 @@ fn serve_transmission_skips_the_handshake() {
     let (server, backend) = rw_server();
     let (client_end, server_end) = UnixStream::pair().unwrap();
     let serving = server.clone();
-    let handle = thread::spawn(move || serving.serve_transmission(server_end, 0));
+    let handle = thread::spawn(move || serving.serve_transmission(server_end, "disk"));
     let mut client = Client::preconnected(client_end, SIZE as u64);
     assert_eq!(client.write(0, &pattern(12, BLOCK)), 0);
     assert_eq!(client.read(0, BLOCK as u32), Ok(pattern(12, BLOCK)));
@@ -683,10 +683,10 @@ fn serve_transmission_skips_the_handshake() {
     assert!(handle.join().unwrap().is_ok());
 
     let (_client_end, server_end) = UnixStream::pair().unwrap();
-    let result = server.serve_transmission(server_end, 5);
+    let result = server.serve_transmission(server_end, "missing");
     assert!(matches!(
         result,
-        Err(ConnectionError::NoSuchExport { index: 5, .. })
+        Err(ConnectionError::NoSuchExport { name, .. }) if name == "missing"
     ));
     assert_eq!(server.open_connections(), 0);
 }
