@@ -4,7 +4,8 @@
 # another export over one connection (every write lands, the connection is not interrupted);
 # the new export is listed and serves its own data; per-volume stats add up to the cache's;
 # kill -9 and a restart keep both volumes' dirty data; refusals (a taken name, another
-# volume's device, the cache itself, a missing file) change nothing.
+# volume's device, the cache itself, a missing file, a copy of the served cache image) change
+# nothing.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io qemu-img nbdinfo jq truncate cmp
 require_bin
@@ -68,6 +69,12 @@ expect_status 2 "the cache itself" "same file or device" \
     "$SSDCACHE_BIN" volume add --cache cache.img --backing cache.img --name c
 expect_status 1 "a missing file" "missing.img" \
     "$SSDCACHE_BIN" volume add --cache cache.img --backing missing.img --name m
+# A copy of the cache image shares its UUID, so its default control socket is this daemon's:
+# the daemon refuses a request for another cache than its own (review 39).
+cp --sparse=always cache.img copy.img
+expect_status 1 "a copy of the served cache" "serves cache .*, not .*copy.img" \
+    "$SSDCACHE_BIN" volume add --cache copy.img --backing c.img --name c
+rm -f copy.img
 assert_eq "$(nbdinfo --list --json "$(nbd_uri "$SOCK")" | jq -r '[.exports[]["export-name"]] | sort | join(",")')" \
     "a,b" "exports after the refusals"
 

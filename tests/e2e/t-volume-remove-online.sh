@@ -85,11 +85,11 @@ s.sendall(sys.argv[2].encode() + b"\n")
 print(s.makefile().readline().strip())
 PY
 }
-first=$(ctl '{"request": "volume-remove", "name": "c"}')
+first=$(ctl "{\"request\": \"volume-remove\", \"name\": \"c\", \"cache\": \"$PWD/cache.img\"}")
 assert_eq "$(jq -r .done <<<"$first")" "false" "the first step of a removal is not the end: $first"
 assert_eq "$(nbdinfo --list --json "$(nbd_uri "$SOCK")" | jq -r '[.exports[]["export-name"]] | sort | join(",")')" \
     "a" "c's export is withdrawn while it is being removed"
-ctl '{"request": "volume-remove-cancel", "name": "c"}' >/dev/null
+ctl "{\"request\": \"volume-remove-cancel\", \"name\": \"c\", \"cache\": \"$PWD/cache.img\"}" >/dev/null
 assert_eq "$(nbdinfo --list --json "$(nbd_uri "$SOCK")" | jq -r '[.exports[]["export-name"]] | sort | join(",")')" \
     "a,c" "c is served again after the removal was withdrawn"
 qemu-img convert -f raw -O raw "$(nbd_uri "$SOCK" c)" got-c.img || fail "copy of c"
@@ -97,7 +97,7 @@ cmp -n $((4 * MIB)) -i "$MIB":0 got-c.img want-c.bin || fail "c does not read ba
 # A removal whose client stops asking (killed, terminal closed) is withdrawn by the daemon
 # (c gets dirty data again first: a removal with none finishes in its first step).
 qemu-io -f raw -c "write -s want-c.bin 1M 4M" "$(nbd_uri "$SOCK" c)" >/dev/null || fail "write to c"
-first=$(ctl '{"request": "volume-remove", "name": "c"}')
+first=$(ctl "{\"request\": \"volume-remove\", \"name\": \"c\", \"cache\": \"$PWD/cache.img\"}")
 assert_eq "$(jq -r .done <<<"$first")" "false" "c's removal is under way: $first"
 exports() { nbdinfo --list --json "$(nbd_uri "$SOCK")" | jq -r '[.exports[]["export-name"]] | sort | join(",")'; }
 assert_eq "$(exports)" "a" "c's export is withdrawn while it is being removed"

@@ -200,15 +200,17 @@ fn answer_json(line: &str, daemon: &Daemon) -> serde_json::Value {
     };
     let name = request["name"].as_str().unwrap_or_default();
     let _one_at_a_time = daemon.volume_ops.lock().unwrap_or_else(|p| p.into_inner());
-    let result = match request["request"].as_str() {
-        Some("volume-add") => crate::volume::add_online(daemon, &request),
-        Some("volume-remove") => crate::volume::remove_online(daemon, name),
-        Some("volume-remove-cancel") => crate::volume::cancel_remove_online(daemon, name),
-        other => Err(anyhow::anyhow!(
-            "unknown JSON request {other:?}; known: volume-add, volume-remove, \
+    let result = crate::volume::refuse_other_cache(daemon, &request).and_then(|()| {
+        match request["request"].as_str() {
+            Some("volume-add") => crate::volume::add_online(daemon, &request),
+            Some("volume-remove") => crate::volume::remove_online(daemon, name),
+            Some("volume-remove-cancel") => crate::volume::cancel_remove_online(daemon, name),
+            other => Err(anyhow::anyhow!(
+                "unknown JSON request {other:?}; known: volume-add, volume-remove, \
              volume-remove-cancel"
-        )),
-    };
+            )),
+        }
+    });
     result.unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }))
 }
 

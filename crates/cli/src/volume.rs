@@ -141,17 +141,19 @@ pub const REMOVAL_LEASE: Duration = Duration::from_secs(15);
 
 fn remove(args: RemoveArgs) -> Result<()> {
     let seen = crate::devices::read_cache(&args.cache)?.1.superblock;
+    let cache = std::fs::canonicalize(&args.cache)
+        .with_context(|| format!("cannot resolve {}", args.cache.display()))?;
     let offline_only = !args.backing.is_empty() || args.discard_damaged;
     // Before the first request: a Ctrl-C from here on withdraws the removal.
     let stop = crate::writeback::interrupt_flag()?;
     let request = if offline_only {
         "info".to_owned()
     } else {
-        remove_request("volume-remove", &args.name)?
+        remove_request("volume-remove", &args.name, &cache)?
     };
     let asked = crate::writeback::ask_daemon(&seen, &args.control, &request);
     if asked.is_err() && !offline_only {
-        withdraw_after_error(&seen, &args.control, &args.name);
+        withdraw_after_error(&seen, &args.control, &args.name, &cache);
     }
     match asked? {
         Some(_) if offline_only => Err(crate::usage_error(format!(
@@ -159,7 +161,7 @@ fn remove(args: RemoveArgs) -> Result<()> {
              leave them out to remove the volume through the daemon, or stop it first",
             args.cache.display()
         ))),
-        Some((ctl, first)) => remove_through_daemon(&ctl, &args.name, first, &stop),
+        Some((ctl, first)) => remove_through_daemon(&ctl, &args.name, &cache, first, &stop),
         None => crate::writeback::remove_volume(
             &args.cache,
             &args.name,
@@ -172,16 +174,39 @@ fn remove(args: RemoveArgs) -> Result<()> {
 /// After the first removal request failed (refused, or no answer in time), asks the daemon to
 /// withdraw whatever it began, so the volume is served again; best effort (the daemon also
 /// withdraws a removal nobody asks about, `REMOVAL_LEASE`).
-fn withdraw_after_error(sb: &Superblock, control: &Option<PathBuf>, name: &str) {
-    if let Ok(cancel) = remove_request("volume-remove-cancel", name) {
+fn withdraw_after_error(sb: &Superblock, control: &Option<PathBuf>, name: &str, cache: &Path) {
+    if let Ok(cancel) = remove_request("volume-remove-cancel", name, cache) {
         let _ = crate::writeback::ask_daemon(sb, control, &cancel);
     }
 }
 
-fn remove_request(request: &str, name: &str) -> Result<String> {
+/// A removal request for volume `name` of the cache at `cache` (absolute: the daemon checks
+/// it serves that very cache, `refuse_other_cache`).
+fn remove_request(request: &str, name: &str, cache: &Path) -> Result<String> {
     Ok(serde_json::to_string(
-        &serde_json::json!({ "request": request, "name": name }),
+        &serde_json::json!({ "request": request, "name": name, "cache": cache }),
     )?)
+}
+
+/// Refuses a request naming another cache than the daemon's: a copy of a cache image shares
+/// its UUID, and so its default control socket, and `--control` may name any daemon (review
+/// 39: a volume was added to the wrong cache).
+pub fn refuse_other_cache(
+    daemon: &crate::control::Daemon,
+    request: &serde_json::Value,
+) -> Result<()> {
+    let Some(named) = request["cache"].as_str() else {
+        bail!("the request names no cache (\"cache\": PATH)");
+    };
+    if !same_device(&daemon.cache_path, Path::new(named))? {
+        bail!(
+            "this daemon serves cache {}, not {named} (a copy of a cache image shares its \
+             UUID and so its default control socket; stop using the copy, or name the daemon \
+             of that cache with --control)",
+            daemon.cache_path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Asks the daemon again until the removal is done, showing the dirty data left; Ctrl-C or
@@ -189,10 +214,12 @@ fn remove_request(request: &str, name: &str) -> Result<String> {
 fn remove_through_daemon(
     ctl: &Path,
     name: &str,
+    cache: &Path,
     first: serde_json::Value,
     stop: &AtomicBool,
 ) -> Result<()> {
-    let request = remove_request("volume-remove", name)?;
+    let request = remove_request("volume-remove", name, cache)?;
+    let cancel = remove_request("volume-remove-cancel", name, cache)?;
     let dirty = |a: &serde_json::Value| a["dirty_bytes"].as_u64().unwrap_or(0);
     let mut progress = crate::writeback::Progress::new(dirty(&first), "volume remove");
     let (mut answer, mut least, mut moved) = (first, u64::MAX, Instant::now());
@@ -215,8 +242,7 @@ fn remove_through_daemon(
         };
         if let Some(why) = why {
             progress.finish();
-            let withdrawn =
-                crate::control::query(ctl, &remove_request("volume-remove-cancel", name)?)?;
+            let withdrawn = crate::control::query(ctl, &cancel)?;
             if withdrawn.is_some_and(|w| w["removed"].as_bool() == Some(true)) {
                 bail!("{why}, but volume '{name}' had been removed just before");
             }
@@ -233,8 +259,7 @@ fn remove_through_daemon(
             Ok(None) => bail!("the daemon at {} went away", ctl.display()),
             Err(e) => {
                 progress.finish();
-                let withdrawn =
-                    crate::control::query(ctl, &remove_request("volume-remove-cancel", name)?);
+                let withdrawn = crate::control::query(ctl, &cancel);
                 return Err(e.context(match withdrawn {
                     Ok(_) => format!("volume '{name}' was not removed; it is served again"),
                     Err(_) => format!("volume '{name}' was not removed"),
@@ -395,6 +420,8 @@ fn add(args: AddArgs) -> Result<()> {
     let request = serde_json::to_string(&serde_json::json!({
         "request": "volume-add",
         "spec": spec,
+        "cache": std::fs::canonicalize(&args.cache)
+            .with_context(|| format!("cannot resolve {}", args.cache.display()))?,
     }))?;
     if let Some((ctl, answer)) = crate::writeback::ask_daemon(&seen, &args.control, &request)? {
         println!(

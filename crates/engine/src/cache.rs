@@ -497,6 +497,8 @@ pub struct Cache {
     volumes: RwLock<VolumeList>,
     /// `retired_volume_ids`.
     retired_ids: AtomicU32,
+    /// `record_latencies`, for volumes added later.
+    latencies_on: AtomicBool,
     /// What the last open recovered from the journal, for `info`.
     recovery: Option<RecoveryReport>,
     pub(crate) cleaner: crate::cleaner::CleanerState,
@@ -820,6 +822,7 @@ impl Cache {
                 core,
                 volumes: RwLock::new(VolumeList(volumes.into())),
                 retired_ids: AtomicU32::new(0),
+                latencies_on: AtomicBool::new(false),
                 recovery: report.recovery.clone(),
                 cleaner: Default::default(),
             },
@@ -883,12 +886,13 @@ impl Cache {
     /// device's identity) backed by `backing`, which the caller opened and identified. It is
     /// appended to [`Cache::volumes`]; requests reach it only through the returned volume.
     ///
-    /// Under the commit lock (no commit, checkpoint or configuration write in between): the
-    /// map must hold no line under the id (what a restart would load comes from this map: the
-    /// journal generation started at open and every checkpoint since hold only its records);
-    /// the backing device is flushed; then the superblock naming the new volume is written. A
-    /// crash before that write leaves the cache as it was, one after it a cache with the new,
-    /// empty volume (docs/design.md §5.2).
+    /// The backing device is flushed first, outside the commit lock (a slow or hung new disk
+    /// must not hold up every volume's FLUSH; review 39). Then under the commit lock (no
+    /// commit, checkpoint or configuration write in between): the map must hold no line under
+    /// the id (what a restart would load comes from this map: the journal generation started
+    /// at open and every checkpoint since hold only its records), and the superblock naming
+    /// the new volume is written. A crash before that write leaves the cache as it was, one
+    /// after it a cache with the new, empty volume (docs/design.md §5.2).
     pub fn add_volume(
         &self,
         slot: VolumeSlot,
@@ -900,11 +904,13 @@ impl Cache {
             why,
         };
         let admission = Admission::from_disk(slot.admission).map_err(|e| refuse(e.to_string()))?;
-        let _no_commit = self.core.commits.exclusive();
-        self.refuse_new_slot(&self.core.commits.superblock(), &slot, &*backing)
-            .map_err(refuse)?;
+        // The caller holds the device locked: nothing of ours writes to it before it is added.
+        let device = backing.clone();
         let backing = Arc::new(Backing::new(backing));
         backing.flush_device()?;
+        let _no_commit = self.core.commits.exclusive();
+        self.refuse_new_slot(&self.core.commits.superblock(), &slot, &*device)
+            .map_err(refuse)?;
         self.core.update_superblock(|sb| {
             sb.volumes.push(slot.clone());
             self.fold_volumes(sb);
@@ -915,6 +921,7 @@ impl Cache {
             .unwrap_or_else(|p| p.into_inner())
             .push(backing.clone());
         let volume = Arc::new(Volume::new(&slot, admission, backing, self.core.clone()));
+        volume.record_latencies(self.latencies_on.load(Ordering::Acquire));
         let mut list = self.volumes.write().unwrap_or_else(|p| p.into_inner());
         let mut grown = list.to_vec();
         grown.push(volume.clone());
@@ -1120,6 +1127,7 @@ impl Cache {
     /// Turns the request latency histograms on or off (`serve --metrics` turns them on; off,
     /// a request pays one relaxed load for them).
     pub fn record_latencies(&self, on: bool) {
+        self.latencies_on.store(on, Ordering::Release);
         for v in self.volumes().iter() {
             v.record_latencies(on);
         }

@@ -117,10 +117,15 @@ fn an_added_volume_is_warm_after_a_clean_restart() {
     let backing_a = Arc::new(CrashDevice::new("backing-a", SIZE));
     let backing_b = Arc::new(CrashDevice::new("backing-b", SIZE));
     let cache = common::open_crash(&cache_dev, &[&backing_a]);
+    cache.record_latencies(true); // `serve --metrics`
     let b = cache
         .add_volume(slot(&cache, 1, "b", SIZE), backing_b.clone())
         .expect("add b");
     b.write(0, &data(5, MIB as usize), false).expect("write b");
+    assert!(
+        b.latencies().iter().map(|h| h.count).sum::<u64>() > 0,
+        "an added volume records latencies when the others do (review 39)"
+    );
     let cached = b.stats().lines_used;
     assert!(cached > 0);
     cache.shutdown().expect("shutdown");
