@@ -39,7 +39,9 @@ const MAX_REQUEST: u32 = 32 << 20;
 pub struct ServeArgs {
     /// TOML configuration file (see docs/operations.md); flags override its keys. It also
     /// sets the cache's replacement `policy` and, under [volume.NAME], a volume's `admission`
-    /// and `sequential_cutoff` (kept in the cache's superblock)
+    /// and `sequential_cutoff` (kept in the cache's superblock). SIGHUP (`systemctl reload`)
+    /// reads it again: `dirty_limit` and `[volume.NAME] dirty_limit` apply at once, the other
+    /// keys at the next start
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Cache device or file made by `ssdcache create`
@@ -191,6 +193,10 @@ struct Settings {
     backing_wait: Duration,
     /// Volume names the config file mentions (`[backing]`, `[volume.NAME]`), with its path.
     config_naming: BTreeMap<String, PathBuf>,
+    /// `--config`: re-read at SIGHUP (`reload_config`).
+    config_path: Option<PathBuf>,
+    /// `--dirty-limit` was given: it wins over the file's, at start and at a reload.
+    dirty_limit_on_command_line: bool,
     emulate_hdd: bool,
     cleaner: CleanerConfig,
     /// Share of lines that may be dirty (`Cache::set_dirty_limit`).
@@ -254,6 +260,7 @@ fn settings(args: ServeArgs) -> Result<Settings> {
             "write-back watermarks must be percentages with low <= high (got high {high}, low {low})"
         )));
     }
+    let dirty_limit_on_command_line = args.dirty_limit.is_some();
     let dirty_limit = args
         .dirty_limit
         .or(file.dirty_limit)
@@ -293,6 +300,8 @@ fn settings(args: ServeArgs) -> Result<Settings> {
         backing_required,
         backing_wait,
         config_naming,
+        config_path: args.config.clone(),
+        dirty_limit_on_command_line,
         emulate_hdd: args.emulate_hdd,
         tuning,
         record,
@@ -727,6 +736,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // Before anything is opened: a signal during a long start (journal replay) is honoured
     // as soon as serving starts, with a clean stop, instead of killing the process midway.
     let stops = StopEvents::install()?;
+    // SIGHUP reloads the config file's dirty limits once serving (`reload_config`); caught
+    // from here on, so one sent during the start does not kill the process.
+    let hangups = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+        .context("cannot install the SIGHUP handler")?;
     // The trace file is created first, so a path that cannot be written fails before the
     // cache is opened; if serving then fails to start, the empty trace goes again, so the
     // next start is not refused for an existing file.
@@ -734,7 +747,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some((path, config)) => Some(Arc::new(start_recording(path, config)?)),
         None => None,
     };
-    let result = serve(&s, &stops, recorder.clone(), &Notifier::from_env());
+    let result = serve(&s, &stops, hangups, recorder.clone(), &Notifier::from_env());
     if let (Err(_), Some(recorder), Some((path, _))) = (&result, &recorder, &s.record) {
         if recorder.finish().records_written == 0 {
             let _ = std::fs::remove_file(path);
@@ -749,6 +762,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 fn serve(
     s: &Settings,
     stops: &StopEvents,
+    hangups: signal_hook::iterator::Signals,
     recorder: Option<Arc<Recorder>>,
     manager: &Notifier,
 ) -> Result<()> {
@@ -797,6 +811,9 @@ fn serve(
         stops,
         &recorder,
     ) {
+        return Err(close_after_failed_start(&cache, Some(&server), e));
+    }
+    if let Err(e) = spawn_reloader(hangups, cache.clone(), s) {
         return Err(close_after_failed_start(&cache, Some(&server), e));
     }
     manager.ready(&serving_status(&cache));
@@ -912,6 +929,72 @@ fn start_serving(
     spawn_listener(server, "unix", stops, move |server| server.serve_unix(nbd))?;
     if let Some(tcp) = tcp {
         spawn_listener(server, "tcp", stops, move |server| server.serve_tcp(tcp))?;
+    }
+    Ok(())
+}
+
+/// Reloads the config file at each SIGHUP (`systemctl reload`), on a thread of its own.
+fn spawn_reloader(
+    mut hangups: signal_hook::iterator::Signals,
+    cache: Arc<Cache>,
+    s: &Settings,
+) -> Result<()> {
+    let path = s.config_path.clone();
+    let dirty_limit_fixed = s.dirty_limit_on_command_line;
+    std::thread::Builder::new()
+        .name("reload".into())
+        .spawn(move || {
+            for _ in hangups.forever() {
+                let Some(path) = &path else {
+                    tracing::info!(
+                        "SIGHUP: no configuration file to reload (serve has no --config)"
+                    );
+                    continue;
+                };
+                match reload_config(&cache, path, dirty_limit_fixed) {
+                    Ok(()) => tracing::info!("SIGHUP: reloaded {}", path.display()),
+                    Err(e) => tracing::warn!(
+                        "SIGHUP: {} not reloaded, nothing changed: {e:#}",
+                        path.display()
+                    ),
+                }
+            }
+        })
+        .context("cannot start the reload thread")?;
+    Ok(())
+}
+
+/// Applies what a reload can change while serving: the cache's `dirty_limit` (unless given on
+/// the command line) and each volume's `[volume.NAME] dirty_limit` (a volume the file no
+/// longer caps is uncapped). The file is checked whole first (it must parse, name only volumes
+/// the cache has, with valid values), and nothing changes if it fails. Other changes take
+/// effect at the next start, which the log says.
+fn reload_config(cache: &Cache, path: &std::path::Path, dirty_limit_fixed: bool) -> Result<()> {
+    let file = FileConfig::load(path)?;
+    let tuning = CacheTuning::from(&file);
+    let mut sb = cache.superblock();
+    let later = tuning.apply(&mut sb)?;
+    let limit = file
+        .dirty_limit
+        .unwrap_or(ssdcache_engine::DEFAULT_DIRTY_LIMIT * 100.0);
+    if !(0.0..=100.0).contains(&limit) {
+        bail!("dirty_limit = {limit}: a percentage from 0 to 100");
+    }
+    for change in later {
+        tracing::warn!("config file: {change}: takes effect at the next start");
+    }
+    if !dirty_limit_fixed {
+        cache.set_dirty_limit(limit / 100.0);
+        tracing::info!("dirty limit: {limit}% of the cache's lines");
+    }
+    for v in cache.volumes().iter() {
+        v.set_dirty_cap(tuning.volume_dirty_limit(v.name()));
+        match v.dirty_cap_lines() {
+            Some(lines) => {
+                tracing::info!("volume '{}' may hold at most {lines} dirty lines", v.name())
+            }
+            None => tracing::info!("volume '{}' has no dirty limit of its own", v.name()),
+        }
     }
     Ok(())
 }
