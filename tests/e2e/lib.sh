@@ -263,6 +263,39 @@ assert_contains() { # assert_contains HAYSTACK NEEDLE DESC
     grep -Fq -- "$2" <<<"$1" || fail "$3: '$2' not found in: $1"
 }
 
+# A client that writes through an operation on other volumes (adding or removing one while
+# serving): start_pattern_writer URI BASE starts, in the background on one connection, 100
+# writes of 64 KiB at BASE + i * 64 KiB with pattern i + 1, 20 ms apart (about 2 s); sets
+# WRITER_PID, output in writer.log.
+start_pattern_writer() {
+    local cmds=() i
+    for i in $(seq 0 99); do
+        cmds+=(-c "write -P $((i + 1)) $(($2 + i * 65536)) 64k" -c "sleep 20")
+    done
+    qemu-io -f raw "${cmds[@]}" "$1" >writer.log 2>&1 &
+    WRITER_PID=$!
+    _PIDS+=("$WRITER_PID")
+}
+
+# finish_pattern_writer WHILE: the writer must still have been running (the operation
+# overlapped it), then end without an error.
+finish_pattern_writer() {
+    _is_ours_alive "$WRITER_PID" || fail "the writing client ended before the $1 did: the test did not overlap them"
+    wait "$WRITER_PID" || fail "the writing client failed during the $1: $(tail -5 writer.log)"
+    if grep -qi "error\|fail" writer.log; then
+        fail "the writing client saw errors during the $1: $(grep -i 'error\|fail' writer.log | head -3)"
+    fi
+}
+
+# check_pattern_writes URI BASE WHEN: every piece start_pattern_writer wrote reads back with
+# its own pattern.
+check_pattern_writes() {
+    local cmds=() i
+    for i in $(seq 0 99); do cmds+=(-c "read -P $((i + 1)) $(($2 + i * 65536)) 64k"); done
+    qemu-io -f raw "${cmds[@]}" "$1" >check-writes.log 2>&1 ||
+        fail "writes lost $3: $(grep -m3 -i 'mismatch\|error' check-writes.log)"
+}
+
 # qemu-io against the export; every command given as -c. Fails on any error line in the output,
 # because qemu-io's exit status does not reflect failed commands in older versions.
 qio() { # qio URI CMD...

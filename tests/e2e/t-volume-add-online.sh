@@ -18,20 +18,12 @@ start_server "$TEST_DIR/nbd.sock" --cache cache.img --writeback-max-age 3600
 
 # The client on a: 100 writes of 64 KiB, each with its own pattern, 20 ms apart (about 2 s),
 # on one connection that must live through the addition.
-client_cmds=()
-for i in $(seq 0 99); do
-    client_cmds+=(-c "write -P $((i + 1)) $((i * 65536)) 64k" -c "sleep 20")
-done
-qemu-io -f raw "${client_cmds[@]}" "$(nbd_uri "$SOCK" a)" >client-a.log 2>&1 &
-CLIENT=$!
-_PIDS+=("$CLIENT")
+start_pattern_writer "$(nbd_uri "$SOCK" a)" 0
 sleep 0.3
 out=$(ssd volume add --cache cache.img --backing b.img --name b --mode write-back \
     --sequential-cutoff 0 2>&1) || fail "volume add while serving failed: $out"
 assert_contains "$out" "served now as NBD export 'b'" "the addition went through the daemon"
-_is_ours_alive "$CLIENT" || fail "the client on a ended before the addition: the test did not overlap them"
-wait "$CLIENT" || fail "the client on a failed during the addition: $(tail -5 client-a.log)"
-grep -qi "error\|fail" client-a.log && fail "the client on a saw errors: $(grep -i 'error\|fail' client-a.log | head -3)"
+finish_pattern_writer addition
 grep -q "volume 'b' added while serving" "$SERVER_LOG" || fail "the daemon's log does not record the addition"
 
 list=$(nbdinfo --list --json "$(nbd_uri "$SOCK")") || fail "nbdinfo --list failed"
@@ -43,11 +35,7 @@ head -c 4M /dev/urandom >want-b.bin
 qemu-io -f raw -c "write -s want-b.bin 1M 4M" "$(nbd_uri "$SOCK" b)" >/dev/null || fail "write to b"
 qemu-img convert -f raw -O raw "$(nbd_uri "$SOCK" b)" got-b.img || fail "copy of b"
 cmp -n $((4 * MIB)) -i "$MIB":0 got-b.img want-b.bin || fail "b does not read back what was written to it"
-check_a() { # check_a WHEN: every piece the client wrote reads back with its own pattern
-    local cmds=() i
-    for i in $(seq 0 99); do cmds+=(-c "read -P $((i + 1)) $((i * 65536)) 64k"); done
-    qemu-io -f raw "${cmds[@]}" "$(nbd_uri "$SOCK" a)" >check-a.log 2>&1 || fail "a lost writes $1: $(grep -m3 -i 'mismatch\|error' check-a.log)"
-}
+check_a() { check_pattern_writes "$(nbd_uri "$SOCK" a)" 0 "$1"; }
 check_a "made during the addition"
 s=$(stats_json cache.img)
 assert_eq "$(jq -r '[.volumes[].name] | join(",")' <<<"$s")" "a,b" "stats lists the new volume"

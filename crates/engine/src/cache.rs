@@ -915,17 +915,17 @@ impl Cache {
             sb.volumes.push(slot.clone());
             self.fold_volumes(sb);
         })?;
-        self.core
-            .backings
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(backing.clone());
-        let volume = Arc::new(Volume::new(&slot, admission, backing, self.core.clone()));
+        let volume = Arc::new(Volume::new(
+            &slot,
+            admission,
+            backing.clone(),
+            self.core.clone(),
+        ));
         volume.record_latencies(self.latencies_on.load(Ordering::Acquire));
-        let mut list = self.volumes.write().unwrap_or_else(|p| p.into_inner());
-        let mut grown = list.to_vec();
-        grown.push(volume.clone());
-        *list = VolumeList(grown.into());
+        self.change_lists(|backings, volumes| {
+            backings.push(backing);
+            volumes.push(volume.clone());
+        });
         tracing::info!("volume '{}' added (slot {})", slot.name, slot.id);
         Ok(volume)
     }
@@ -956,10 +956,7 @@ impl Cache {
             )));
         }
         self.drop_all_lines_of(&v)?;
-        v.backing().flush().map_err(|source| EngineError::Backing {
-            device: v.backing().describe(),
-            source,
-        })?;
+        v.backing().flush_checked()?;
         self.commit()?;
         let _no_commit = self.core.commits.exclusive();
         let held = self.core.occupancy.of(v.id()).lines;
@@ -973,23 +970,29 @@ impl Cache {
             sb.volumes.retain(|slot| slot.id != v.id());
             self.fold_volumes(sb);
         })?;
-        self.core
-            .backings
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|b| !std::ptr::eq(&**b, v.backing()));
-        let mut list = self.volumes.write().unwrap_or_else(|p| p.into_inner());
-        let kept: Vec<Arc<Volume>> = list
-            .iter()
-            .filter(|o| !Arc::ptr_eq(o, &v))
-            .cloned()
-            .collect();
-        *list = VolumeList(kept.into());
-        drop(list);
+        self.change_lists(|backings, volumes| {
+            backings.retain(|b| !std::ptr::eq(&**b, v.backing()));
+            volumes.retain(|o| !Arc::ptr_eq(o, &v));
+        });
         self.lock_volume_sweeps().remove(&v.id());
         self.retired_ids.fetch_or(1 << v.id(), Ordering::AcqRel);
         tracing::info!("volume '{}' removed (slot {} freed)", v.name(), v.id());
         Ok(())
+    }
+
+    /// Changes the list of backing devices commits flush and the volume list together (an
+    /// added volume's device is in the first before the volume is in the second; a removed
+    /// one leaves both). The volume list is replaced whole: readers keep their snapshot.
+    fn change_lists(&self, change: impl FnOnce(&mut Vec<Arc<Backing>>, &mut Vec<Arc<Volume>>)) {
+        let mut backings = self
+            .core
+            .backings
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut list = self.volumes.write().unwrap_or_else(|p| p.into_inner());
+        let mut volumes = list.to_vec();
+        change(&mut backings, &mut volumes);
+        *list = VolumeList(volumes.into());
     }
 
     /// Slot ids of volumes removed while this cache is open: not given to a new volume until

@@ -353,13 +353,9 @@ impl Cache {
         // the data is durable.
         for (vol, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
             let v = &volumes[vol];
-            v.backing().flush().map_err(|e| {
-                v.count_pub(Counter::BackingErrors, 1);
-                EngineError::Backing {
-                    device: v.backing().describe(),
-                    source: e,
-                }
-            })?;
+            v.backing()
+                .flush_checked()
+                .inspect_err(|_| v.count_pub(Counter::BackingErrors, 1))?;
         }
         report.lines_cleaned = self.core().with_map(|map| {
             let mut marked = 0;

@@ -166,6 +166,14 @@ impl Backing {
         self.write_with(|dev| dev.write_at(data, offset))
     }
 
+    /// [`Backing::flush`] with the engine's error naming the device.
+    pub fn flush_checked(&self) -> Result<()> {
+        self.flush().map_err(|source| EngineError::Backing {
+            device: self.describe(),
+            source,
+        })
+    }
+
     /// Flushes the device itself whatever was counted: at open, for writes of an earlier run
     /// that may still sit in its volatile cache.
     pub fn flush_device(&self) -> Result<()> {
@@ -655,10 +663,7 @@ impl CacheCore {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         for backing in &backings {
-            backing.flush().map_err(|e| EngineError::Backing {
-                device: backing.describe(),
-                source: e,
-            })?;
+            backing.flush_checked()?;
         }
         Ok(())
     }
