@@ -47,10 +47,13 @@ detach_fs() { # detach_fs VOLUME [fsck]: sync, umount, fsck (optional), losetup 
     nbdfuse_detach "${FUSE_OF[$v]}"
 }
 
-# b may hold at most 10% of the cache's lines dirty (its own dirty limit); a is uncapped.
+# b may hold at most 10% of the cache's lines dirty (its own dirty limit); a is uncapped; c
+# may hold at most 2% of the cache's lines (its occupancy limit), less than it writes.
 cat >conf.toml <<'TOML'
 [volume.b]
 dirty_limit = 10
+[volume.c]
+occupancy_limit = 2
 TOML
 cat >bad.toml <<'TOML'
 [volume.b]
@@ -88,6 +91,13 @@ assert_gt "$(vol_field "$s" b bytes_written_around_full)" 0 "b's writes past its
 assert_gt "$(vol_field "$s" a dirty_lines)" "$cap" "a, uncapped, holds more dirty lines than b's limit"
 assert_eq "$(vol_field "$s" c dirty_bytes)" 0 "write-through volume c holds no dirty data"
 assert_eq "$(vol_field "$s" d dirty_bytes)" 0 "write-around volume d holds no dirty data"
+ccap=$(vol_field "$s" c occupancy_limit_lines)
+assert_eq "$ccap" $(( $(jq .lines <<<"$s") / 50 )) "c's occupancy limit in lines"
+(( $(vol_field "$s" c lines_used) <= ccap )) || fail "c holds $(vol_field "$s" c lines_used) lines, over its occupancy limit $ccap"
+assert_gt "$(vol_field "$s" c lines_used)" $((ccap / 2)) "c filled most of its occupancy limit"
+qemu-img convert -f raw -O raw "$(nbd_uri "$SOCK" c)" c-read.img || fail "reading c back"
+cmp -n $((8 * MIB)) -i $((4 * MIB)):0 c-read.img want-c.bin || fail "c reads back other data than it wrote"
+rm -f c-read.img
 used=$(jq '[.volumes[].lines_used] | add' <<<"$s")
 dirty=$(jq '[.volumes[].dirty_lines] | add' <<<"$s")
 assert_eq "$used" "$(jq .cache_used_lines <<<"$s")" "the volumes' lines add up to the cache map's"

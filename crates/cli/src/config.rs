@@ -34,10 +34,13 @@
 //! admission = "2-hit"                # "always", or "N-hit": cache a line on its N-th miss
 //! sequential_cutoff = "4MiB"         # streams bypass the cache after this much; 0 = never
 //! dirty_limit = 25                   # percent of the cache's lines it may hold dirty
+//! occupancy_limit = 40               # percent of the cache's lines it may hold at all
 //! ```
 //!
 //! `policy`, `admission` and `sequential_cutoff` are written to the cache's superblock when
-//! `serve` starts, so they stay in force after the key is removed from the file. The
+//! `serve` starts, so they stay in force after the key is removed from the file; the two
+//! limits are not kept in the cache (a volume the file does not limit has no limit of its
+//! own). A reload (SIGHUP, `systemctl reload`) applies all four per-volume keys at once. The
 //! replacement policy orders the eviction of one pool of cache lines shared by every volume,
 //! so it is one per cache: a `policy` key under `[volume.NAME]` is accepted only when the
 //! cache has that one volume, and is the same setting as the top-level key.
@@ -95,6 +98,9 @@ pub struct VolumeConfig {
     /// Percent of the cache's lines this volume may hold dirty (`Volume::set_dirty_cap`);
     /// applied at each start, not kept in the superblock.
     pub dirty_limit: Option<f64>,
+    /// Percent of the cache's lines this volume may hold, clean or dirty
+    /// (`Volume::set_occupancy_cap`); like `dirty_limit`, not kept in the superblock.
+    pub occupancy_limit: Option<f64>,
     /// Only for a cache of one volume (see the module comment).
     pub policy: Option<String>,
 }

@@ -114,10 +114,14 @@ data back first (`ssdcache flush`, or `ssdcache recover`), or destroy it knowing
         long_about = "Manages the volumes of a cache: each volume is a backing device with its own \
 mode, admission and sequential cutoff, served as its own NBD export; the cache's lines are one \
 pool ranked by one replacement policy, so whichever volume is hot gets the space.\n\n\
-`volume add` works on a stopped cache (no daemon may hold it; one that was not stopped cleanly \
-must be started and stopped once first). It fills a free volume slot of the superblock (32 in \
-all) and writes nothing to the new backing device. Removing a volume and adding one while \
-serving are not built yet."
+`volume add` fills a free volume slot of the superblock (32 in all) and writes nothing to the new \
+backing device; `volume remove` writes the volume's dirty data back first, with progress. Both \
+work while a daemon serves the cache (through its control socket: the export appears, or is \
+withdrawn and drained, while the other volumes keep serving) and on a stopped cache (one that \
+was not stopped cleanly must be started and stopped once first).\n\n\
+Per-volume settings (admission, sequential cutoff, dirty and occupancy limits) live in serve's \
+configuration file under [volume.NAME] and change while serving with a reload (SIGHUP); the \
+mode changes with `ssdcache set-mode`."
     )]
     Volume(volume::VolumeCommand),
     /// Serve the volumes of a cache over NBD (foreground daemon)

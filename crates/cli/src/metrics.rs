@@ -431,6 +431,17 @@ fn families(cache: &Cache, volumes: &[VolumeStats]) -> Vec<Family> {
             .collect(),
     ));
     out.push(gauge(
+        "ssdcache_volume_occupancy_limit_lines",
+        "The volume's cap on the cache lines it holds ([volume.NAME] occupancy_limit); only volumes with one.",
+        None,
+        volumes
+            .iter()
+            .filter_map(|v| {
+                Some((vec![("volume", v.name.clone())], v.occupancy_cap_lines? as f64))
+            })
+            .collect(),
+    ));
+    out.push(gauge(
         "ssdcache_volume_mode",
         "1 for the mode the volume serves in, and the mode it is configured with.",
         None,

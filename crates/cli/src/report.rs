@@ -69,6 +69,14 @@ pub struct VolumeReport {
     /// Live: the volume's own cap on dirty lines (`[volume.NAME] dirty_limit`), if set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dirty_limit_lines: Option<u64>,
+    /// Live: the volume's cap on the lines it holds (`[volume.NAME] occupancy_limit`), if set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occupancy_limit_lines: Option<u64>,
+    /// Live: its admission and sequential cutoff now (the superblock keeps them too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential_cutoff: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -141,6 +149,9 @@ fn volume_report(v: &VolumeStats) -> VolumeReport {
         dirty_bytes: v.dirty_bytes,
         backing_consistent: v.dirty_bytes == 0,
         dirty_limit_lines: v.dirty_cap_lines,
+        occupancy_limit_lines: v.occupancy_cap_lines,
+        admission: None,
+        sequential_cutoff: None,
     }
 }
 
@@ -174,9 +185,10 @@ pub fn live_stats(
     recording: Option<RecordStatus>,
     wear: &WearWatch,
 ) -> StatsReport {
-    let vols: Vec<VolumeStats> = cache.volumes().iter().map(|v| v.stats()).collect();
+    let volumes = cache.volumes();
+    let vols: Vec<VolumeStats> = volumes.iter().map(|v| v.stats()).collect();
     let c = cache.checksum_usage();
-    StatsReport {
+    let mut report = StatsReport {
         recording,
         ssd: Some(wear.report()),
         dirty_limit_lines: Some(cache.dirty_limit_lines()),
@@ -192,7 +204,12 @@ pub fn live_stats(
             pages_lost: c.pages_lost,
         }),
         ..stats_report("live", &cache.superblock(), cache_path, &vols)
+    };
+    for (r, v) in report.volumes.iter_mut().zip(volumes.iter()) {
+        r.admission = Some(v.admission().to_string());
+        r.sequential_cutoff = Some(v.sequential_cutoff());
     }
+    report
 }
 
 pub fn stats(args: StatsArgs) -> Result<()> {
@@ -338,6 +355,12 @@ fn print_stats(r: &StatsReport) {
             println!(
                 "  dirty limit  {cap} lines of its own ({} dirty now)",
                 v.dirty_lines
+            );
+        }
+        if let Some(cap) = v.occupancy_limit_lines {
+            println!(
+                "  occupancy limit {cap} lines of its own ({} held now)",
+                v.lines_used
             );
         }
         println!(

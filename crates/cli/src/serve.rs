@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ssdcache_device::{BlockDevice, FileDevice};
 use ssdcache_devsim::hdd::{HddDevice, HddParams};
+use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{
     BatchRead, Cache, CleanerConfig, EngineError, RingHit, RingHits, Volume, VolumeBacking,
 };
@@ -39,9 +40,9 @@ const MAX_REQUEST: u32 = 32 << 20;
 pub struct ServeArgs {
     /// TOML configuration file (see docs/operations.md); flags override its keys. It also
     /// sets the cache's replacement `policy` and, under [volume.NAME], a volume's `admission`
-    /// and `sequential_cutoff` (kept in the cache's superblock). SIGHUP (`systemctl reload`)
-    /// reads it again: `dirty_limit` and `[volume.NAME] dirty_limit` apply at once, the other
-    /// keys at the next start
+    /// and `sequential_cutoff` (kept in the cache's superblock), `dirty_limit` and
+    /// `occupancy_limit`. SIGHUP (`systemctl reload`) reads it again: `dirty_limit` and every
+    /// [volume.NAME] key but `policy` apply at once, the other keys at the next start
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Cache device or file made by `ssdcache create`
@@ -736,7 +737,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // Before anything is opened: a signal during a long start (journal replay) is honoured
     // as soon as serving starts, with a clean stop, instead of killing the process midway.
     let stops = StopEvents::install()?;
-    // SIGHUP reloads the config file's dirty limits once serving (`reload_config`); caught
+    // SIGHUP reloads the config file once serving (`reload_config`); caught
     // from here on, so one sent during the start does not kill the process.
     let hangups = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
         .context("cannot install the SIGHUP handler")?;
@@ -908,17 +909,7 @@ fn start_serving(
         );
     }
     cache.set_dirty_limit(s.dirty_limit);
-    for v in cache.volumes().iter() {
-        let cap = s.tuning.volume_dirty_limit(v.name());
-        v.set_dirty_cap(cap);
-        if let Some(lines) = v.dirty_cap_lines() {
-            tracing::info!(
-                "volume '{}' may hold at most {lines} dirty lines ([volume.{}] dirty_limit)",
-                v.name(),
-                v.name()
-            );
-        }
-    }
+    set_volume_limits(cache, &s.tuning, false);
     if let Some(bytes) = s.checksum_memory {
         cache
             .set_checksum_memory(bytes)
@@ -964,39 +955,87 @@ fn spawn_reloader(
     Ok(())
 }
 
+/// Sets each volume's `[volume.NAME] dirty_limit` and `occupancy_limit` (a volume the file
+/// does not limit has no limit of its own) and logs them; `every` also logs the volumes
+/// without (a reload says what changed back).
+pub(crate) fn set_volume_limits(cache: &Cache, tuning: &CacheTuning, every: bool) {
+    for v in cache.volumes().iter() {
+        v.set_dirty_cap(tuning.volume_dirty_limit(v.name()));
+        v.set_occupancy_cap(tuning.volume_occupancy_limit(v.name()));
+        let name = v.name();
+        match (v.occupancy_cap_lines(), v.dirty_cap_lines()) {
+            (None, None) if every => {
+                tracing::info!("volume '{name}' has no limits of its own")
+            }
+            (None, None) => {}
+            (lines, dirty) => tracing::info!(
+                "volume '{name}' may hold {} lines and {} dirty lines ([volume.{name}] \
+                 occupancy_limit, dirty_limit)",
+                lines.map_or("any number of".into(), |l| format!("at most {l}")),
+                dirty.map_or("any number of".into(), |l| format!("at most {l}"))
+            ),
+        }
+    }
+}
+
 /// Applies what a reload can change while serving: the cache's `dirty_limit` (unless given on
-/// the command line) and each volume's `[volume.NAME] dirty_limit` (a volume the file no
-/// longer caps is uncapped). The file is checked whole first (it must parse, name only volumes
-/// the cache has, with valid values), and nothing changes if it fails. Other changes take
-/// effect at the next start, which the log says.
+/// the command line), and each volume's `[volume.NAME]` `admission` and `sequential_cutoff`
+/// (written to the superblock, as at a start), `dirty_limit` and `occupancy_limit`. The file
+/// is checked whole first (it must parse, name only volumes the cache has, with valid values),
+/// and nothing changes if it fails. A new replacement policy takes effect at the next start,
+/// which the log says; so do the other keys, read only at a start.
 fn reload_config(cache: &Cache, path: &std::path::Path, dirty_limit_fixed: bool) -> Result<()> {
     let file = FileConfig::load(path)?;
     let tuning = CacheTuning::from(&file);
     let mut sb = cache.superblock();
-    let later = tuning.apply(&mut sb)?;
+    let policy_was = sb.volumes.first().map(|v| v.policy);
+    let changes = tuning.apply(&mut sb)?;
     let limit = file
         .dirty_limit
         .unwrap_or(ssdcache_engine::DEFAULT_DIRTY_LIMIT * 100.0);
     if !(0.0..=100.0).contains(&limit) {
         bail!("dirty_limit = {limit}: a percentage from 0 to 100");
     }
-    for change in later {
-        tracing::warn!("config file: {change}: takes effect at the next start");
+    for change in changes {
+        tracing::info!("config file: {change}");
+    }
+    if sb.volumes.first().map(|v| v.policy) != policy_was {
+        tracing::warn!("config file: the replacement policy changes at the next start");
     }
     if !dirty_limit_fixed {
         cache.set_dirty_limit(limit / 100.0);
         tracing::info!("dirty limit: {limit}% of the cache's lines");
     }
+    if retune_volumes(cache, &sb) {
+        cache
+            .persist_config()
+            .context("writing the new admission and sequential cutoffs to the superblock")?;
+    }
+    set_volume_limits(cache, &tuning, true);
+    Ok(())
+}
+
+/// Gives the open volumes the admission and sequential cutoff of their slots in `tuned` (a
+/// superblock the config file was applied to); true when one changed.
+fn retune_volumes(cache: &Cache, tuned: &Superblock) -> bool {
+    let mut changed = false;
     for v in cache.volumes().iter() {
-        v.set_dirty_cap(tuning.volume_dirty_limit(v.name()));
-        match v.dirty_cap_lines() {
-            Some(lines) => {
-                tracing::info!("volume '{}' may hold at most {lines} dirty lines", v.name())
+        let Some(slot) = tuned.volumes.iter().find(|s| s.id == v.id()) else {
+            continue;
+        };
+        // `CacheTuning::apply` wrote only codes it parsed.
+        if let Ok(admission) = Admission::from_disk(slot.admission) {
+            if admission != v.admission() {
+                v.set_admission(admission);
+                changed = true;
             }
-            None => tracing::info!("volume '{}' has no dirty limit of its own", v.name()),
+        }
+        if slot.sequential_cutoff != v.sequential_cutoff() {
+            v.set_sequential_cutoff(slot.sequential_cutoff);
+            changed = true;
         }
     }
-    Ok(())
+    changed
 }
 
 /// Accepts connections on a thread of its own; a listener that fails stops the daemon.

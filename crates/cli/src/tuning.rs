@@ -19,9 +19,6 @@ pub struct CacheTuning {
 }
 
 impl CacheTuning {
-    /// Sets the superblock's policy, admission and cutoffs as the file says; returns what
-    /// changed, for the log. Refuses volume names the cache does not have and values that do
-    /// not parse, naming the key; a refused file leaves `sb` as it was.
     /// A volume's own dirty limit from `[volume.NAME] dirty_limit`, as a share (0 to 1).
     pub fn volume_dirty_limit(&self, name: &str) -> Option<f64> {
         self.volumes
@@ -30,6 +27,19 @@ impl CacheTuning {
             .map(|percent| percent / 100.0)
     }
 
+    /// A volume's cap on the cache it holds from `[volume.NAME] occupancy_limit`, as a share
+    /// (0 to 1).
+    pub fn volume_occupancy_limit(&self, name: &str) -> Option<f64> {
+        self.volumes
+            .get(name)
+            .and_then(|v| v.occupancy_limit)
+            .map(|percent| percent / 100.0)
+    }
+
+    /// Sets the superblock's policy, admission and cutoffs as the file says; returns what
+    /// changed, for the log. Refuses volume names the cache does not have and values that do
+    /// not parse or are out of range (the limits too), naming the key; a refused file leaves
+    /// `sb` as it was.
     pub fn apply(&self, sb: &mut Superblock) -> Result<Vec<String>> {
         let mut tuned = sb.clone();
         let changes = self.apply_to(&mut tuned)?;
@@ -52,6 +62,15 @@ impl CacheTuning {
                     bail!(
                         "config file: [volume.{name}] dirty_limit = {p}: a percent of the \
                          cache's lines, 0 to 100"
+                    );
+                }
+            }
+            if let Some(p) = self.volumes[name].occupancy_limit {
+                if !(p > 0.0 && p <= 100.0) {
+                    bail!(
+                        "config file: [volume.{name}] occupancy_limit = {p}: a percent of the \
+                         cache's lines above 0, up to 100 (to cache nothing for a volume, give \
+                         it mode pass-through)"
                     );
                 }
             }
@@ -278,6 +297,12 @@ mod tests {
         );
         let e = err(&mut sb, "[volume.sdc]\nsequential_cutoff = \"4 parsecs\"");
         assert!(e.contains("[volume.sdc] sequential_cutoff"), "{e}");
+        for bad in ["0", "-5", "101"] {
+            let e = err(&mut sb, &format!("[volume.sdc]\noccupancy_limit = {bad}"));
+            assert!(e.contains("[volume.sdc] occupancy_limit"), "{e}");
+        }
+        let e = err(&mut sb, "[volume.sdb]\ndirty_limit = 120");
+        assert!(e.contains("[volume.sdb] dirty_limit"), "{e}");
         let e = err(&mut sb, "policy = \"mru\"");
         assert!(e.contains("policy") && e.contains("lru"), "{e}");
         // Policy per volume: one pool of lines, so only on a cache of one volume.

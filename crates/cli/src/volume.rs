@@ -62,7 +62,7 @@ whose devices are missing are left offline and untouched."
 
 #[derive(Args)]
 pub struct RemoveArgs {
-    /// Cache device or file made by `ssdcache create` (stopped: no daemon may hold it)
+    /// Cache device or file made by `ssdcache create` (served by a daemon, or stopped)
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
     /// The volume to remove (its name, as `ssdcache info` lists it)

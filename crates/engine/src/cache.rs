@@ -863,6 +863,8 @@ impl Cache {
             };
             slot.counters = vol.counters();
             slot.mode = vol.configured_mode();
+            slot.admission = vol.admission().to_disk();
+            slot.sequential_cutoff = vol.sequential_cutoff();
             let o = map.occupancy(slot.id);
             slot.dirty_lines = o.dirty_lines;
             slot.dirty_bytes = o.dirty_sectors * SECTOR_SIZE;
@@ -915,6 +917,8 @@ impl Cache {
             sb.volumes.push(slot.clone());
             self.fold_volumes(sb);
         })?;
+        // A slot id is never reused while the cache is open, but a cap is the volume's own.
+        self.core.occupancy.set_cap(slot.id, None);
         let volume = Arc::new(Volume::new(
             &slot,
             admission,
@@ -976,6 +980,7 @@ impl Cache {
         });
         self.lock_volume_sweeps().remove(&v.id());
         self.retired_ids.fetch_or(1 << v.id(), Ordering::AcqRel);
+        self.core.occupancy.set_cap(v.id(), None);
         tracing::info!("volume '{}' removed (slot {} freed)", v.name(), v.id());
         Ok(())
     }
@@ -1391,6 +1396,7 @@ pub fn offline_stats(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<crate
                 dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
                 state: crate::VolumeState::Healthy,
                 dirty_cap_lines: None,
+                occupancy_cap_lines: None,
             }
         })
         .collect())

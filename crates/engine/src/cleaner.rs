@@ -1022,7 +1022,7 @@ impl Cache {
     }
 
     /// A volume (not offline) whose dirty lines reached 90% of its own cap
-    /// (`Volume::set_dirty_cap`): the cleaner writes its lines back before its writes must go
+    /// (`Volume::dirty_room_lines`: its dirty cap or occupancy cap): the cleaner writes its lines back before its writes must go
     /// around.
     /// Taken in turns after `turns.last`, skipping volumes resting after a batch that wrote
     /// nothing back (review 37: the first one found, stuck on a failing disk, hid the others).
@@ -1036,7 +1036,7 @@ impl Cache {
             .map(|k| &volumes[(start + k) % volumes.len()])
             .filter(|v| v.offline_reason().is_none() && !turns.resting(v.id()))
             .find(|v| {
-                v.dirty_cap_lines().is_some_and(|cap| {
+                v.dirty_room_lines().is_some_and(|cap| {
                     let dirty = self.core().occupancy.of(v.id()).dirty_lines;
                     dirty > 0 && dirty * 10 >= cap * 9
                 })

@@ -122,7 +122,20 @@ pub struct MapState {
     /// Lines, valid sectors and dirty sectors held per volume, for statistics: changed only
     /// under the map's write lock, read without any lock (`stats`, metrics).
     occupancy: Arc<Occupancies>,
+    /// Per volume, where the search for one of its own lines to evict goes on
+    /// (`own_victim`): a volume at its occupancy cap replaces its own lines.
+    own_hands: [u32; MAX_VOLUMES],
 }
+
+/// Most slots one search for a capped volume's own clean line looks at (`MapState::own_victim`):
+/// a volume holding a share `s` of the cache finds one in about `1/s` steps when its lines are
+/// clean, so this bounds the search (about 10 µs) when they are mostly dirty or busy; the next
+/// search goes on from where it stopped.
+pub const OWN_VICTIM_STEPS: u32 = 4096;
+
+/// Most of its own lines a volume over its cap evicts for one new line: a cap lowered below
+/// what a volume holds shrinks it by one line per line it takes.
+const OWN_EVICTIONS_PER_LINE: usize = 2;
 
 /// Per-volume occupancy figures. Each changes only under the map's write lock; readers load
 /// them without it (relaxed: a statistic may lag a request in flight, never a lock taken).
@@ -132,9 +145,30 @@ pub struct Occupancies {
     sectors_valid: [AtomicU64; MAX_VOLUMES],
     sectors_dirty: [AtomicU64; MAX_VOLUMES],
     lines_dirty: [AtomicU64; MAX_VOLUMES],
+    /// Most lines each volume may hold (`Volume::set_occupancy_cap`), 0 for no cap of its
+    /// own. Set without the map's lock; `MapState::allocate` reads it.
+    lines_cap: [AtomicU64; MAX_VOLUMES],
 }
 
 impl Occupancies {
+    /// Caps the lines `volume` may hold (`None`: no cap of its own). A cap below what it holds
+    /// now shrinks it as it misses: see `MapState::allocate`.
+    pub fn set_cap(&self, volume: u16, lines: Option<u64>) {
+        let stored = lines.map_or(0, |l| l.max(1));
+        self.lines_cap[usize::from(volume)].store(stored, Relaxed);
+    }
+
+    /// The cap of `set_cap`, in lines.
+    pub fn cap(&self, volume: u16) -> Option<u64> {
+        Some(self.lines_cap[usize::from(volume)].load(Relaxed)).filter(|&l| l != 0)
+    }
+
+    /// Whether `volume` holds as many lines as its cap allows, or more.
+    fn at_cap(&self, volume: u16) -> bool {
+        self.cap(volume)
+            .is_some_and(|cap| self.lines_used[usize::from(volume)].load(Relaxed) >= cap)
+    }
+
     /// Lines, valid sectors, dirty lines and dirty sectors of a volume.
     pub fn of(&self, volume: u16) -> Occupancy {
         let v = usize::from(volume);
@@ -337,6 +371,7 @@ impl MapState {
             pending_free: Vec::new(),
             dirty_limit: dirty_limit_lines(line_count, DEFAULT_DIRTY_LIMIT),
             occupancy: Arc::new(Occupancies::default()),
+            own_hands: [0; MAX_VOLUMES],
         }
     }
 
@@ -449,6 +484,9 @@ impl MapState {
         check(self.slots.slot_of(key).is_none(), || {
             format!("line {line} of volume {volume} allocated a second slot")
         })?;
+        if self.occupancy.at_cap(volume) && !self.evict_own_lines(volume, locks)? {
+            return Ok(None);
+        }
         let slot = loop {
             if let Some(s) = self.slots.take_free() {
                 break s;
@@ -456,15 +494,7 @@ impl MapState {
             let Some(victim) = self.slots.victim(key, &mut |_, k| !locks.is_held(k)) else {
                 return Ok(None);
             };
-            // Checked here in release builds too: evicting a line the backing device does
-            // not have, or one a crash may bring back as dirty, would lose data.
-            check(
-                self.dirty_bits(victim).is_empty() && !self.maybe_durable_dirty(victim),
-                || {
-                    format!("the replacement policy chose slot {victim}, dirty or possibly durably dirty, as a victim")
-                },
-            )?;
-            self.release(victim)?;
+            self.evict(victim, "the replacement policy")?;
         };
         // Reusing a slot that the durable metadata may still call dirty would let a crash
         // bring back the new line's data as the old line's.
@@ -477,6 +507,62 @@ impl MapState {
         })?;
         self.occupancy.lines_used[usize::from(volume)].fetch_add(1, Relaxed);
         Ok(Some(slot))
+    }
+
+    /// Evicts a clean slot `chooser` chose.
+    fn evict(&mut self, victim: u32, chooser: &str) -> Checked {
+        // Checked here in release builds too: evicting a line the backing device does not
+        // have, or one a crash may bring back as dirty, would lose data.
+        check(
+            self.dirty_bits(victim).is_empty() && !self.maybe_durable_dirty(victim),
+            || {
+                format!(
+                    "{chooser} chose slot {victim}, dirty or possibly durably dirty, as a victim"
+                )
+            },
+        )?;
+        self.release(victim)
+    }
+
+    /// A volume at its occupancy cap makes room among its own lines: evicts one (two while it
+    /// holds more than its cap, so a lowered cap shrinks it). False when none of its lines
+    /// could go (all dirty, held or busy within `OWN_VICTIM_STEPS`): the new line is not
+    /// cached, and the other volumes' lines are never taken for it.
+    fn evict_own_lines(&mut self, volume: u16, locks: &LineLocks) -> Checked<bool> {
+        let mut evicted = 0;
+        while evicted < OWN_EVICTIONS_PER_LINE && self.occupancy.at_cap(volume) {
+            let Some(victim) = self.own_victim(volume, locks) else {
+                break;
+            };
+            self.evict(victim, "the occupancy cap's search")?;
+            evicted += 1;
+        }
+        Ok(!self.occupancy.at_cap(volume))
+    }
+
+    /// One of `volume`'s clean lines no request holds, found by a hand that goes round the
+    /// slots (CLOCK without reference bits: within its cap a capped volume replaces its own
+    /// lines in slot order, not in the policy's order). Looks at `OWN_VICTIM_STEPS` slots at
+    /// most.
+    fn own_victim(&mut self, volume: u16, locks: &LineLocks) -> Option<u32> {
+        let slots = self.slots.slots();
+        if slots == 0 {
+            return None;
+        }
+        let hand = &mut self.own_hands[usize::from(volume)];
+        for _ in 0..OWN_VICTIM_STEPS.min(slots) {
+            let slot = *hand % slots;
+            *hand = (slot + 1) % slots;
+            let key = self.slots.key_of(slot);
+            if key != NO_KEY
+                && volume_of(key) == volume
+                && self.slots.standing(slot) == Some(Standing::Clean)
+                && !locks.is_held(key)
+            {
+                return Some(slot);
+            }
+        }
+        None
     }
 
     /// Unmaps a slot. It goes back on the free list, or waits for the next commit when the

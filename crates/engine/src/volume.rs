@@ -16,7 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::latency::{LatencyHistogram, LatencyHistograms, LatencyKind};
 use crate::locks::RangeGuard;
 use crate::map::MapState;
-use crate::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 
 mod batch;
@@ -125,6 +125,8 @@ pub struct VolumeStats {
     pub state: VolumeState,
     /// The volume's own cap on dirty lines (`Volume::set_dirty_cap`), if it has one.
     pub dirty_cap_lines: Option<u64>,
+    /// The volume's cap on the lines it holds (`Volume::set_occupancy_cap`), if it has one.
+    pub occupancy_cap_lines: Option<u64>,
 }
 
 /// Cache-device errors a write-through or write-around volume tolerates before it stops using
@@ -148,9 +150,11 @@ pub struct Volume {
     size: u64,
     core: Arc<CacheCore>,
     streams: Streams,
-    admission: Admission,
-    /// The N-hit miss table; `None` under `always` admission.
-    admission_table: Option<Mutex<NHitAdmission>>,
+    /// The admission's on-disk code (`Admission::to_disk`): 0, `always`, needs no table.
+    admission: AtomicU32,
+    /// The N-hit miss table; `None` under `always` admission. Replaced whole when the
+    /// admission changes (`set_admission`).
+    admission_table: Mutex<Option<NHitAdmission>>,
     counters: StripedCounters<{ VolumeCounters::COUNT }>,
     /// Time inside the engine per request, by kind and outcome (metrics).
     latency: LatencyHistograms,
@@ -242,8 +246,8 @@ impl Volume {
             size: slot.backing.size,
             core,
             streams: Streams::new(slot.sequential_cutoff),
-            admission,
-            admission_table: admission.table(lines).map(Mutex::new),
+            admission: AtomicU32::new(admission.to_disk()),
+            admission_table: Mutex::new(admission.table(lines)),
             counters: StripedCounters::new(slot.counters.0),
             latency: LatencyHistograms::new(),
             dirty_cap: AtomicU64::new(u64::MAX),
@@ -288,10 +292,38 @@ impl Volume {
         Some(self.dirty_cap.load(Ordering::Relaxed)).filter(|&l| l != u64::MAX)
     }
 
+    /// Caps the lines this volume may hold, clean and dirty, at `share` (0 to 1) of the
+    /// cache's lines (at least one line), or removes the cap (`None`). At its cap a line it
+    /// misses takes the place of one of its own clean lines, never another volume's (see
+    /// `MapState::allocate`); when none of its lines can go the line is not cached (a
+    /// write-back write goes to the backing device). Its dirty lines are held to the cap too
+    /// (`dirty_room_lines`), so the cleaner writes them back before they fill it. Open CAS's
+    /// per-class occupancy limit.
+    pub fn set_occupancy_cap(&self, share: Option<f64>) {
+        let lines = share.map(|s| (self.core.layout.line_count as f64 * s.clamp(0.0, 1.0)) as u64);
+        self.core.occupancy.set_cap(self.id, lines);
+    }
+
+    /// The cap of `set_occupancy_cap`, in lines.
+    pub fn occupancy_cap_lines(&self) -> Option<u64> {
+        self.core.occupancy.cap(self.id)
+    }
+
+    /// Most lines this volume may hold dirty: its own dirty cap, and no more than its
+    /// occupancy cap. `None` when neither is set (the cache's dirty limit still applies).
+    pub fn dirty_room_lines(&self) -> Option<u64> {
+        match (self.dirty_cap_lines(), self.occupancy_cap_lines()) {
+            (Some(d), Some(o)) => Some(d.min(o)),
+            (d, o) => d.or(o),
+        }
+    }
+
     /// Whether this volume may dirty one more line: below the cache's dirty limit and its own.
     fn may_dirty_another_line(&self, map: &MapState) -> bool {
         map.may_dirty_another_line()
-            && map.occupancy(self.id).dirty_lines < self.dirty_cap.load(Ordering::Relaxed)
+            && self
+                .dirty_room_lines()
+                .is_none_or(|cap| map.occupancy(self.id).dirty_lines < cap)
     }
 
     /// Why the volume is offline (its backing device could not be opened at start), if it is.
@@ -337,11 +369,29 @@ impl Volume {
         self.core.layout.line_size
     }
     pub fn admission(&self) -> Admission {
-        self.admission
+        Admission::from_disk(self.admission.load(Ordering::Relaxed)).unwrap_or_default()
     }
+
+    /// Admits missed lines by `admission` from now on, with a new, empty miss table (the
+    /// misses counted so far are forgotten). The superblock keeps it once
+    /// `Cache::persist_config` writes it.
+    pub fn set_admission(&self, admission: Admission) {
+        let lines = usize::try_from(self.core.layout.line_count).unwrap_or(usize::MAX);
+        let table = admission.table(lines);
+        let mut current = lock(&self.admission_table);
+        *current = table;
+        self.admission.store(admission.to_disk(), Ordering::Relaxed);
+    }
+
     /// A sequential stream bypasses the cache after this many bytes; 0 = never.
     pub fn sequential_cutoff(&self) -> u64 {
         self.streams.cutoff()
+    }
+
+    /// Sets the sequential cutoff from now on (streams already tracked keep their length).
+    /// The superblock keeps it once `Cache::persist_config` writes it.
+    pub fn set_sequential_cutoff(&self, bytes: u64) {
+        self.streams.set_cutoff(bytes);
     }
 
     /// Records a request with the stream detector: true when it continues a stream past the
@@ -354,13 +404,15 @@ impl Volume {
     /// its sectors missing at most) is a hit and always may; under `always` every line may;
     /// under N-hit the table counts this miss and decides. A refusal is counted.
     fn admits(&self, seg: &Segment) -> bool {
-        let Some(table) = &self.admission_table else {
+        if self.admission.load(Ordering::Relaxed) == Admission::Always.to_disk() {
             return true;
-        };
+        }
         if self.core.map().peek(self.id, seg.line).is_some() {
             return true;
         }
-        let admitted = lock(table).admit(seg.line);
+        let admitted = lock(&self.admission_table)
+            .as_mut()
+            .is_none_or(|table| table.admit(seg.line));
         if !admitted {
             self.count(Counter::BytesNotAdmitted, seg.len as u64);
         }
@@ -407,6 +459,7 @@ impl Volume {
             dirty_lines: o.dirty_lines,
             dirty_bytes: o.dirty_sectors * SECTOR_SIZE,
             dirty_cap_lines: self.dirty_cap_lines(),
+            occupancy_cap_lines: self.occupancy_cap_lines(),
             state: if self.offline_reason().is_some() {
                 VolumeState::Offline
             } else if self.backing().flush_failed() {

@@ -171,3 +171,111 @@ fn a_volumes_dirty_cap_leaves_the_others_their_write_back_room() {
     assert_eq!(a.dirty_cap_lines(), None);
     cache.shutdown().expect("shutdown");
 }
+
+/// Reads `lines` whole lines of volume `v` in a scrambled order (no stream forms), starting
+/// at line `first`.
+fn read_lines(v: &ssdcache_engine::Volume, first: u64, lines: u64) {
+    let mut buf = vec![0u8; LINE as usize];
+    for k in 0..lines {
+        let line = first + (k * 7919) % lines;
+        v.read(line * LINE, &mut buf).expect("read");
+    }
+}
+
+/// A volume's occupancy cap (`Volume::set_occupancy_cap`, the config file's per-volume
+/// `occupancy_limit`): however much it reads or writes, it holds no more lines than its cap
+/// and never takes the other volume's lines for its own; its dirty lines stay within the cap
+/// (writes past it go around and read back exactly); a lowered cap shrinks it as it misses; a
+/// cap removed lets it grow again.
+#[test]
+fn a_volumes_occupancy_cap_keeps_it_to_its_share_and_off_the_others_lines() {
+    let (cache_dev, backings) = two_volume_cache();
+    let cache = open(&cache_dev, &backings);
+    let lines = cache.layout().line_count;
+    let (a, b) = (&cache.volumes()[0], &cache.volumes()[1]);
+    read_lines(b, 0, 64);
+    assert_eq!(b.stats().lines_used, 64, "b's reads were cached");
+    a.set_occupancy_cap(Some(0.25));
+    let cap = a.occupancy_cap_lines().expect("a cap");
+    assert_eq!(cap, lines / 4);
+    assert_eq!(a.dirty_room_lines(), Some(cap), "its dirty lines too");
+    read_lines(a, 0, SIZES[0] / LINE);
+    assert_eq!(a.stats().lines_used, cap, "a fills its cap and stays there");
+    assert_eq!(b.stats().lines_used, 64, "a took none of b's lines");
+    // Write-back writes to new lines: dirty lines within the cap, the rest written around.
+    let a_data = data(41, 12 * MIB as usize);
+    a.write(0, &a_data, false).expect("write a");
+    assert!(a.stats().lines_used <= cap, "{:?}", a.stats());
+    assert!(a.stats().dirty_lines <= cap, "{:?}", a.stats());
+    assert!(
+        common::counter(a, "bytes_written_around_full") > 0,
+        "a's writes past its cap went around"
+    );
+    let mut buf = vec![0u8; a_data.len()];
+    a.read(0, &mut buf).expect("read a");
+    assert!(buf == a_data, "a reads back what it wrote");
+    cache
+        .drain(&CleanerConfig::default(), &mut |_| true)
+        .expect("drain");
+    // A lowered cap: a shrinks to it as it misses, b still untouched.
+    a.set_occupancy_cap(Some(0.1));
+    let lower = a.occupancy_cap_lines().expect("a cap");
+    read_lines(a, 200, cap);
+    assert!(
+        a.stats().lines_used <= lower,
+        "a holds {} lines, its lowered cap is {lower}",
+        a.stats().lines_used
+    );
+    assert_eq!(b.stats().lines_used, 64, "a took none of b's lines");
+    // No cap: a takes what the policy gives it.
+    a.set_occupancy_cap(None);
+    assert_eq!(a.occupancy_cap_lines(), None);
+    read_lines(a, 300, 100);
+    assert!(a.stats().lines_used > lower + 50, "{:?}", a.stats());
+    let mut buf = vec![0u8; a_data.len()];
+    a.read(0, &mut buf).expect("read a");
+    assert!(buf == a_data, "a still reads back what it wrote");
+    cache.shutdown().expect("shutdown");
+}
+
+/// Admission and the sequential cutoff change while the cache is open (`serve`'s reload and
+/// `ssdcache volume set`), take effect on the next request, and are kept in the superblock.
+#[test]
+fn admission_and_sequential_cutoff_change_online_and_are_kept() {
+    use ssdcache_engine::admission::Admission;
+    let (cache_dev, backings) = two_volume_cache();
+    let cache = open(&cache_dev, &backings);
+    let a = cache.volumes()[0].clone();
+    assert_eq!(a.admission(), Admission::Always);
+    a.set_admission(Admission::NHit(2));
+    let mut buf = vec![0u8; LINE as usize];
+    a.read(5 * LINE, &mut buf).expect("read");
+    assert_eq!(a.stats().lines_used, 0, "2-hit: a first miss is not cached");
+    a.read(5 * LINE, &mut buf).expect("read");
+    assert_eq!(a.stats().lines_used, 1, "2-hit: the second miss is");
+    a.set_admission(Admission::Always);
+    a.read(9 * LINE, &mut buf).expect("read");
+    assert_eq!(a.stats().lines_used, 2, "always: a first miss is cached");
+    assert_eq!(a.sequential_cutoff(), 0);
+    a.set_sequential_cutoff(MIB);
+    let mut big = vec![0u8; 256 << 10];
+    for i in 0..32u64 {
+        a.read(8 * MIB + i * (256 << 10), &mut big).expect("read");
+    }
+    assert!(
+        common::counter(&a, "bytes_bypassed") >= 4 * MIB,
+        "a stream past the new cutoff bypassed the cache: {}",
+        common::counter(&a, "bytes_bypassed")
+    );
+    a.set_admission(Admission::NHit(3));
+    cache.persist_config().expect("persist");
+    drop(a);
+    cache.shutdown().expect("shutdown");
+    drop(cache);
+    let cache = open(&cache_dev, &backings);
+    let a = &cache.volumes()[0];
+    assert_eq!(a.admission(), Admission::NHit(3), "kept across a restart");
+    assert_eq!(a.sequential_cutoff(), MIB, "kept across a restart");
+    assert_eq!(cache.volumes()[1].admission(), Admission::Always);
+    cache.shutdown().expect("shutdown");
+}

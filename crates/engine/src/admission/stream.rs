@@ -161,7 +161,8 @@ impl StreamDetector {
 /// documentation.
 pub struct Streams {
     shards: [std::sync::Mutex<StreamDetector>; SHARDS],
-    cutoff: u64,
+    /// Each shard's detector holds it too (`set_cutoff` changes both).
+    cutoff: std::sync::atomic::AtomicU64,
 }
 
 impl Streams {
@@ -169,17 +170,27 @@ impl Streams {
     pub fn new(cutoff: u64) -> Streams {
         Streams {
             shards: std::array::from_fn(|_| std::sync::Mutex::new(StreamDetector::new(cutoff))),
-            cutoff,
+            cutoff: std::sync::atomic::AtomicU64::new(cutoff),
         }
     }
 
     pub fn cutoff(&self) -> u64 {
+        self.cutoff.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes the cutoff of every shard; 0 turns detection off. Streams being tracked keep
+    /// the length they have moved, so one already past the new cutoff bypasses at once.
+    pub fn set_cutoff(&self, cutoff: u64) {
         self.cutoff
+            .store(cutoff, std::sync::atomic::Ordering::Relaxed);
+        for shard in &self.shards {
+            shard.lock().unwrap_or_else(|p| p.into_inner()).cutoff = cutoff;
+        }
     }
 
     /// As [`StreamDetector::bypass`], for the whole volume.
     pub fn bypass(&self, offset: u64, len: u64) -> bool {
-        if self.cutoff == 0 {
+        if self.cutoff() == 0 {
             return false;
         }
         let region = offset >> REGION_SHIFT;
