@@ -106,6 +106,18 @@ assert_eq "$size" $((64 * M)) "export size at READY"
 grep -F "READY=1" "$NOTES" | grep -qF "STATUS=serving 'vol0' (write-back)" \
     || fail "READY without the serving status: $(cat "$NOTES")"
 grep -qF "STATUS=opening the cache (clean stop" "$NOTES" || fail "no status while opening: $(cat "$NOTES")"
+# A volume added and removed while serving: `systemctl status` follows.
+mk_sparse extra.img 16M
+ssd volume add --cache cache.img --backing extra.img --name extra --mode write-through \
+    --control "$TEST_DIR/vol0.ctl" >/dev/null || fail "volume add while serving"
+wait_note "STATUS=serving 'vol0' (write-back), 'extra' (write-through)"
+ssd volume remove --cache cache.img --name extra --control "$TEST_DIR/vol0.ctl" >/dev/null 2>&1 \
+    || fail "volume remove while serving"
+for ((i = 0; i < 50; i++)); do
+    [[ "$(tail -n 1 "$NOTES")" == "STATUS=serving 'vol0' (write-back)" ]] && break
+    sleep 0.1
+done
+assert_eq "$(tail -n 1 "$NOTES")" "STATUS=serving 'vol0' (write-back)" "the status after the removal"
 qio "$URI" "write -P 0x5a 0 $((4 * M))" "flush" >/dev/null
 kill -TERM "$SVC_PID"
 exited_with 0

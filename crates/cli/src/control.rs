@@ -149,6 +149,23 @@ pub struct Daemon {
     pub volume_ops: std::sync::Mutex<()>,
     /// Volume names serve's config file mentions, with its path: a removal warns about them.
     pub config_naming: std::collections::BTreeMap<String, PathBuf>,
+    /// The service manager (`systemctl status`), told when the volumes or their modes change.
+    pub manager: Arc<crate::notify::Notifier>,
+    /// The serving status last sent (by `refresh_status`, or the one serve's `READY` carries).
+    pub status_sent: std::sync::Mutex<Option<String>>,
+}
+
+impl Daemon {
+    /// Tells the service manager what is served now, if that changed since the last time:
+    /// after a volume was added or removed, a removal withdrawn, a mode changed.
+    pub fn refresh_status(&self) {
+        let status = crate::serve::serving_status(&self.cache);
+        let mut sent = self.status_sent.lock().unwrap_or_else(|p| p.into_inner());
+        if sent.as_deref() != Some(status.as_str()) {
+            self.manager.status(&status);
+            *sent = Some(status);
+        }
+    }
 }
 
 /// Answers requests on a thread of its own until the process exits. One request at a time:
@@ -164,6 +181,7 @@ pub fn spawn(listener: UnixListener, daemon: Daemon) -> Result<()> {
                 if let Err(e) = answer(conn, &daemon) {
                     tracing::debug!("control request failed: {e:#}");
                 }
+                daemon.refresh_status();
             }
         })
         .context("cannot start the control socket's thread")?;
@@ -172,6 +190,7 @@ pub fn spawn(listener: UnixListener, daemon: Daemon) -> Result<()> {
         .spawn(move || loop {
             std::thread::sleep(Duration::from_secs(1));
             crate::volume::withdraw_abandoned_removals(&watched);
+            watched.refresh_status();
         })
         .context("cannot start the removal watchdog's thread")?;
     Ok(())

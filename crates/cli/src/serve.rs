@@ -748,7 +748,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some((path, config)) => Some(Arc::new(start_recording(path, config)?)),
         None => None,
     };
-    let result = serve(&s, &stops, hangups, recorder.clone(), &Notifier::from_env());
+    let manager = Arc::new(Notifier::from_env());
+    let result = serve(&s, &stops, hangups, recorder.clone(), &manager);
     if let (Err(_), Some(recorder), Some((path, _))) = (&result, &recorder, &s.record) {
         if recorder.finish().records_written == 0 {
             let _ = std::fs::remove_file(path);
@@ -765,7 +766,7 @@ fn serve(
     stops: &StopEvents,
     hangups: signal_hook::iterator::Signals,
     recorder: Option<Arc<Recorder>>,
-    manager: &Notifier,
+    manager: &Arc<Notifier>,
 ) -> Result<()> {
     let (dev, sb) = read_cache(s)?;
     let Endpoints {
@@ -810,7 +811,7 @@ fn serve(
         &server,
         (nbd, tcp, control, metrics),
         stops,
-        &recorder,
+        (&recorder, manager),
     ) {
         return Err(close_after_failed_start(&cache, Some(&server), e));
     }
@@ -836,8 +837,9 @@ fn serve(
     Ok(())
 }
 
-/// What `systemctl status` shows while serving.
-fn serving_status(cache: &Cache) -> String {
+/// What `systemctl status` shows while serving (sent again when a volume is added, removed or
+/// changes mode: `control::Daemon::refresh_status`).
+pub(crate) fn serving_status(cache: &Cache) -> String {
     let volumes = cache.volumes();
     let (online, offline): (Vec<_>, Vec<_>) =
         volumes.iter().partition(|v| v.offline_reason().is_none());
@@ -867,7 +869,7 @@ fn start_serving(
         Option<TcpListener>,
     ),
     stops: &StopEvents,
-    recorder: &Option<Arc<Recorder>>,
+    (recorder, manager): (&Option<Arc<Recorder>>, &Arc<Notifier>),
 ) -> Result<()> {
     if let Some(tb) = s.ssd_tbw {
         cache
@@ -890,6 +892,9 @@ fn start_serving(
             removing: Default::default(),
             volume_ops: Default::default(),
             config_naming: s.config_naming.clone(),
+            manager: manager.clone(),
+            // What `ready` sends once serving starts: only changes are sent from here on.
+            status_sent: std::sync::Mutex::new(Some(serving_status(cache))),
         },
     )?;
     if let Some(metrics) = metrics {
