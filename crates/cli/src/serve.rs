@@ -1011,12 +1011,18 @@ fn reload_config(cache: &Cache, path: &std::path::Path, dirty_limit_fixed: bool)
         cache.set_dirty_limit(limit / 100.0);
         tracing::info!("dirty limit: {limit}% of the cache's lines");
     }
-    if retune_volumes(cache, &sb) {
-        cache
-            .persist_config()
-            .context("writing the new admission and sequential cutoffs to the superblock")?;
-    }
+    let retuned = retune_volumes(cache, &sb);
     set_volume_limits(cache, &tuning, true);
+    // Last, once every change is made: a failed write must not leave half of them undone
+    // (review 41). The values stay in force, and the next superblock write keeps them.
+    if retuned {
+        if let Err(e) = cache.persist_config() {
+            tracing::warn!(
+                "config file: the new admission and sequential cutoffs apply, but writing them \
+                 to the superblock failed ({e}); the next superblock write keeps them"
+            );
+        }
+    }
     Ok(())
 }
 

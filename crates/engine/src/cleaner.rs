@@ -1022,8 +1022,8 @@ impl Cache {
     }
 
     /// A volume (not offline) whose dirty lines reached 90% of its own cap
-    /// (`Volume::dirty_room_lines`: its dirty cap or occupancy cap): the cleaner writes its lines back before its writes must go
-    /// around.
+    /// (`Volume::dirty_room_lines`: its dirty cap or occupancy cap): the cleaner writes its
+    /// lines back before its writes must go around.
     /// Taken in turns after `turns.last`, skipping volumes resting after a batch that wrote
     /// nothing back (review 37: the first one found, stuck on a failing disk, hid the others).
     fn volume_near_dirty_cap(&self, turns: &CapTurns) -> Option<u16> {

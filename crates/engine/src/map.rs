@@ -529,6 +529,12 @@ impl MapState {
     /// could go (all dirty, held or busy within `OWN_VICTIM_STEPS`): the new line is not
     /// cached, and the other volumes' lines are never taken for it.
     fn evict_own_lines(&mut self, volume: u16, locks: &LineLocks) -> Checked<bool> {
+        let o = self.occupancy.of(volume);
+        if o.dirty_lines >= o.lines {
+            // Every line it holds is dirty: no search (review 41: 4,096 slots looked at under
+            // the map's write lock for every miss, for nothing).
+            return Ok(false);
+        }
         let mut evicted = 0;
         while evicted < OWN_EVICTIONS_PER_LINE && self.occupancy.at_cap(volume) {
             let Some(victim) = self.own_victim(volume, locks) else {
@@ -1637,6 +1643,43 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// A volume at its occupancy cap takes the place of its own clean lines, never another
+    /// volume's; with all its lines dirty it gets no slot (and takes none of the others').
+    #[test]
+    fn a_capped_volume_replaces_its_own_clean_lines_only() {
+        let mut m = map(16);
+        let locks = LineLocks::new();
+        let others: Vec<u32> = (0..8)
+            .map(|line| m.allocate(1, line, &locks).unwrap().unwrap())
+            .collect();
+        m.occupancies().set_cap(0, Some(4));
+        let mine: Vec<u32> = (0..4)
+            .map(|line| m.allocate(0, line, &locks).unwrap().unwrap())
+            .collect();
+        // Free slots remain, but volume 0 is at its cap: it evicts one of its own.
+        m.allocate(0, 100, &locks).unwrap().unwrap();
+        assert_eq!(m.occupancy(0).lines, 4);
+        assert_eq!(m.occupancy(1).lines, 8, "volume 1 keeps every line");
+        assert!(others.iter().all(|&s| m.slots.standing(s).is_some()));
+        assert_eq!(
+            mine.iter().filter(|&&s| m.slots.is_mapped(s)).count() + 1,
+            4
+        );
+        // Every line of volume 0 dirty: no slot, and no search.
+        let own: Vec<u32> = (0..16)
+            .filter(|&s| m.slots.is_mapped(s) && volume_of(m.slots.key_of(s)) == 0)
+            .collect();
+        for slot in own {
+            m.set_dirty(slot, 0, &[1], 0).unwrap();
+        }
+        assert_eq!(m.allocate(0, 200, &locks).unwrap(), None);
+        assert_eq!(m.occupancy(0).lines, 4);
+        // Uncapped, it takes a free slot again.
+        m.occupancies().set_cap(0, None);
+        m.allocate(0, 300, &locks).unwrap().unwrap();
+        assert_eq!(m.occupancy(0).lines, 5, "uncapped, it grows");
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct Plan {
     /// reads a page and every change soon writes one, so crash points fall inside page-ins
     /// and page writes too.
     pub checksum_frames: Option<u64>,
+    /// The volume's occupancy cap (`Volume::set_occupancy_cap`) as a share of the cache, set
+    /// at each open; with one, the workload's write-back steps also change it now and then.
+    pub occupancy_cap: Option<f64>,
 }
 
 /// Hot runs per thread.
@@ -101,6 +104,8 @@ impl Plan {
             0 => None,
             frames => Some(frames),
         };
+        // From the seed alone too; a quarter of the seeds (not the pinned 179 and 2791).
+        let occupancy_cap = ((seed / 5) % 4 == 1).then(|| [0.05, 0.2][((seed / 20) % 2) as usize]);
         let runs = backing_size / SECTOR / RUN - UNTOUCHED_RUNS;
         let hot_start = rng.below(runs - HOT_RUNS * threads as u64);
         let hot_start = hot_start - hot_start % threads as u64;
@@ -121,6 +126,7 @@ impl Plan {
             failing_backing_flush,
             hot_start,
             checksum_frames,
+            occupancy_cap,
             crash_gap: if line_size >= 1 << 20 {
                 5 * crash_gap
             } else {
@@ -454,6 +460,13 @@ impl Run {
                     // Writes past the limit go around the cache; overwrites stay absorbed.
                     cache.set_dirty_limit([0.0, 0.25, 0.5, 0.8, 1.0][rng.below(5) as usize]);
                 }
+                if self.plan.occupancy_cap.is_some() && rng.below(4) == 0 {
+                    // A capped volume at its cap evicts its own lines; a lowered cap shrinks it.
+                    cache.volumes()[0].set_occupancy_cap(
+                        [None, Some(0.002), Some(0.02), Some(0.1), Some(0.5)]
+                            [rng.below(5) as usize],
+                    );
+                }
                 let r = with_activity(Activity::Writeback, || {
                     cache.clean_batch(&cfg, depth, select)
                 });
@@ -584,6 +597,9 @@ pub fn try_open(
         vec![backing.clone() as Arc<dyn BlockDevice>],
     )?
     .0;
+    if let Some(share) = plan.occupancy_cap {
+        cache.volumes()[0].set_occupancy_cap(Some(share));
+    }
     if let Some(frames) = plan.checksum_frames {
         let bytes = frames * ssdcache_engine::checksums::checksum_frame_bytes(plan.line_size);
         cache.set_checksum_memory(bytes)?;
