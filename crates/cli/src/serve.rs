@@ -963,7 +963,7 @@ fn spawn_reloader(
 /// Sets each volume's `[volume.NAME] dirty_limit` and `occupancy_limit` (a volume the file
 /// does not limit has no limit of its own) and logs them; `every` also logs the volumes
 /// without (a reload says what changed back).
-pub(crate) fn set_volume_limits(cache: &Cache, tuning: &CacheTuning, every: bool) {
+fn set_volume_limits(cache: &Cache, tuning: &CacheTuning, every: bool) {
     for v in cache.volumes().iter() {
         v.set_dirty_cap(tuning.volume_dirty_limit(v.name()));
         v.set_occupancy_cap(tuning.volume_occupancy_limit(v.name()));

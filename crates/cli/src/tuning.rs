@@ -21,18 +21,20 @@ pub struct CacheTuning {
 impl CacheTuning {
     /// A volume's own dirty limit from `[volume.NAME] dirty_limit`, as a share (0 to 1).
     pub fn volume_dirty_limit(&self, name: &str) -> Option<f64> {
-        self.volumes
-            .get(name)
-            .and_then(|v| v.dirty_limit)
-            .map(|percent| percent / 100.0)
+        self.volume_share(name, |v| v.dirty_limit)
     }
 
     /// A volume's cap on the cache it holds from `[volume.NAME] occupancy_limit`, as a share
     /// (0 to 1).
     pub fn volume_occupancy_limit(&self, name: &str) -> Option<f64> {
+        self.volume_share(name, |v| v.occupancy_limit)
+    }
+
+    /// A percent key of `[volume.NAME]`, as a share.
+    fn volume_share(&self, name: &str, key: fn(&VolumeConfig) -> Option<f64>) -> Option<f64> {
         self.volumes
             .get(name)
-            .and_then(|v| v.occupancy_limit)
+            .and_then(key)
             .map(|percent| percent / 100.0)
     }
 
