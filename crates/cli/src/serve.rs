@@ -15,7 +15,7 @@ use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{
     BatchRead, Cache, CleanerConfig, EngineError, RingHit, RingHits, Volume, VolumeBacking,
 };
-use ssdcache_format::{CacheState, Superblock};
+use ssdcache_format::{CacheState, Superblock, SECTOR_SIZE};
 use ssdcache_nbd::{
     transmission_flags, BatchedRead, Command, Errno, Export, ExportInfo, Lane, RingReads,
     RingStart, Server, ServerConfig, ServerError, ServerExport,
@@ -633,9 +633,13 @@ pub(crate) fn volume_export(
         info: ExportInfo {
             name: v.name().to_owned(),
             description: format!("ssdcache volume {} ({})", v.name(), v.mode()),
-            size: v.size(),
+            // The last bytes of a device whose size is not a multiple of 4 KiB form no whole
+            // sector: the cache cannot hold them, so the export ends before them.
+            size: v.size() - v.size() % SECTOR_SIZE,
             flags: transmission_flags(ro),
-            min_block: 4096,
+            // Any offset and length (the engine reads, modifies and writes partial sectors),
+            // as the NBD spec asks of a server whose clients may not negotiate block sizes.
+            min_block: 1,
             preferred_block: v.line_size().min(u64::from(MAX_REQUEST)) as u32,
             max_block: MAX_REQUEST,
         },

@@ -20,8 +20,10 @@ use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 
 mod batch;
+mod partial;
 mod ring_hits;
 pub use batch::{BatchRead, HitPlan};
+use partial::{KeepHeld, Widened};
 pub use ring_hits::{RingEnd, RingHit, RingHits};
 
 /// Counter indices, in the order of `VolumeCounters::NAMES`.
@@ -470,14 +472,27 @@ impl Volume {
         }
     }
 
-    /// Refuses a request past the end or misaligned, and every request once the engine halted.
+    /// Refuses a request past the end or not of whole sectors, and every request once the
+    /// engine halted: the check of the paths that handle whole sectors only.
     fn check(&self, offset: u64, length: u64) -> Result<()> {
-        self.core.check_running()?;
-        self.check_online()?;
+        self.check_bytes(offset, length)?;
         if !offset.is_multiple_of(SECTOR_SIZE) || !length.is_multiple_of(SECTOR_SIZE) {
             return Err(EngineError::Misaligned { offset, length });
         }
-        match offset.checked_add(length) {
+        Ok(())
+    }
+
+    /// Refuses a request past the end, and every request once the engine halted. A request
+    /// need not be of whole sectors (`partial.rs`), but the sectors around it must lie within
+    /// the volume: the last bytes of a device whose size is not a multiple of 4 KiB form no
+    /// whole sector and are not served.
+    fn check_bytes(&self, offset: u64, length: u64) -> Result<()> {
+        self.core.check_running()?;
+        self.check_online()?;
+        match offset
+            .checked_add(length)
+            .and_then(partial::checked_round_up)
+        {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(EngineError::OutOfRange {
                 offset,
@@ -500,10 +515,15 @@ impl Volume {
     }
 
     fn check_writable(&self, offset: u64, length: u64) -> Result<()> {
+        self.check_writable_bytes(offset, length)?;
+        self.check(offset, length)
+    }
+
+    fn check_writable_bytes(&self, offset: u64, length: u64) -> Result<()> {
         if self.read_only {
             return Err(EngineError::ReadOnly(self.name.clone()));
         }
-        self.check(offset, length)
+        self.check_bytes(offset, length)
     }
 
     fn segments(&self, offset: u64, length: u64) -> impl Iterator<Item = Segment> {
@@ -654,7 +674,7 @@ impl Volume {
         self.core.map().occupancy(self.id).dirty_lines > 0
     }
 
-    /// Reads `buf.len()` bytes at `offset`.
+    /// Reads `buf.len()` bytes at `offset` (any offset and length: `partial.rs`).
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let Some(started) = self.latency.start() else {
             return self.read_counted(offset, buf).map(|_| ());
@@ -672,12 +692,21 @@ impl Volume {
     /// [`Volume::read`], counted; true for a hit (every sector was in the cache).
     fn read_counted(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
         let length = buf.len() as u64;
-        self.check(offset, length)?;
+        self.check_bytes(offset, length)?;
         self.count(Counter::Reads, 1);
         self.count(Counter::BytesRead, length);
         if length == 0 {
             return Ok(true);
         }
+        match Widened::of(offset, length) {
+            Some(wide) => self.read_partial(wide, buf),
+            None => self.read_sectors(offset, buf),
+        }
+    }
+
+    /// Reads whole sectors; true for a hit (every sector was in the cache).
+    fn read_sectors(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        let length = buf.len() as u64;
         if self.mode() == CacheMode::PassThrough && !self.has_dirty() {
             self.count(Counter::ReadMisses, 1);
             return self.read_backing(buf, offset).map(|()| false);
@@ -728,6 +757,12 @@ impl Volume {
                     .and_then(|hit| map.dirty_of(hit.slot))
                     .is_some_and(|d| !d.is_empty())
             })
+    }
+
+    /// True when the first and the last sector of a range of whole sectors are in the cache.
+    fn edges_cached(&self, offset: u64, length: u64) -> bool {
+        let last = offset + length - SECTOR_SIZE;
+        self.all_cached(offset, SECTOR_SIZE) && self.all_cached(last, SECTOR_SIZE)
     }
 
     /// True when every sector of the range is in the cache.
@@ -1365,23 +1400,46 @@ impl Volume {
         })
     }
 
-    /// Writes `data` at `offset`; with `fua`, durable before returning.
+    /// Writes `data` at `offset` (any offset and length: `partial.rs`); with `fua`, durable
+    /// before returning.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let _timed = self.latency.timer(LatencyKind::Write);
         let length = data.len() as u64;
-        self.check_writable(offset, length)?;
+        self.check_writable_bytes(offset, length)?;
         self.count(Counter::Writes, 1);
         self.count(Counter::BytesWritten, length);
+        self.write_checked(offset, data, fua)
+    }
+
+    /// [`Volume::write`] after its checks and counts.
+    fn write_checked(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let length = data.len() as u64;
         if length == 0 {
             return Ok(());
         }
         let _mode_fixed = self.mode_gate.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(wide) = Widened::of(offset, length) {
+            return self.write_partial(wide, data, fua);
+        }
         let held = if self.mode() == CacheMode::WriteBack {
             // Into the cache, most of them: no wait for the disk.
             self.lock_lines(offset, length)
         } else {
             self.lock_when_disk_idle(offset, length)
         };
+        self.write_held(offset, data, fua, held, KeepHeld::WhenDirty)
+    }
+
+    /// Writes whole sectors whose lines `held` holds, the mode gate held by the caller.
+    fn write_held(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        held: RangeGuard<'_>,
+        keep: KeepHeld,
+    ) -> Result<()> {
+        let length = data.len() as u64;
         let mode = self.mode();
         let bypass = mode != CacheMode::PassThrough && self.stream_bypass(offset, length);
         if bypass {
@@ -1389,7 +1447,9 @@ impl Volume {
         }
         // Outside write-back no write can dirty a line while this one runs (the mode is fixed),
         // so lines without dirty data need not be held across the disk write.
-        let unheld = mode != CacheMode::WriteBack && !self.lines_hold_dirty_data(offset, length);
+        let unheld = keep == KeepHeld::WhenDirty
+            && mode != CacheMode::WriteBack
+            && !self.lines_hold_dirty_data(offset, length);
         match mode {
             CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
                 if unheld {
@@ -1771,20 +1831,33 @@ impl Volume {
         Ok(())
     }
 
-    /// Drops a range from the cache and discards it on the backing device where supported.
+    /// Drops a range from the cache and discards it on the backing device where supported;
+    /// of a range not made of whole sectors, only the whole sectors inside it.
     pub fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
         let _timed = self.latency.timer(LatencyKind::Trim);
         self.count(Counter::Trims, 1);
+        self.check_writable_bytes(offset, length)?;
+        let (offset, length) = partial::whole_sectors_inside(offset, length);
+        if length == 0 {
+            return Ok(());
+        }
         self.on_backing_then_uncache(offset, length, fua, |b| {
             b.discard(offset, length).map(|_| ())
         })
     }
 
-    /// Makes a range read as zeroes.
+    /// Makes a range read as zeroes (any offset and length: `partial.rs`).
     pub fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
         let _timed = self.latency.timer(LatencyKind::WriteZeroes);
         self.count(Counter::WriteZeroes, 1);
-        self.on_backing_then_uncache(offset, length, fua, |b| b.write_zeroes(offset, length))
+        let zero_whole = |offset, length| {
+            self.on_backing_then_uncache(offset, length, fua, |b| b.write_zeroes(offset, length))
+        };
+        if Widened::of(offset, length).is_none() {
+            return zero_whole(offset, length);
+        }
+        self.check_writable_bytes(offset, length)?;
+        self.write_zeroes_partial(offset, length, fua, zero_whole)
     }
 
     /// Applies `on_backing` to the backing device, then drops the range from the cache, with
@@ -1817,9 +1890,14 @@ impl Volume {
         Ok(())
     }
 
-    /// Brings a range into the cache (NBD_CMD_CACHE), 1 MiB at a time.
+    /// Brings a range into the cache (NBD_CMD_CACHE), one line at a time; a range not made
+    /// of whole sectors, with the whole sectors around it.
     pub fn prefetch(&self, offset: u64, length: u64) -> Result<()> {
-        self.check(offset, length)?;
+        self.check_bytes(offset, length)?;
+        let (offset, length) = match Widened::of(offset, length) {
+            Some(wide) => (wide.start, wide.len),
+            None => (offset, length),
+        };
         if self.mode() == CacheMode::PassThrough
             || self.state() != VolumeState::Healthy
             || length == 0
@@ -1859,8 +1937,17 @@ impl Volume {
         if length == 0 || !in_range {
             return false;
         }
+        let (offset, length, partial_edges) = match Widened::of(offset, length) {
+            Some(wide) if wide.start + wide.len <= self.size => (wide.start, wide.len, true),
+            Some(_) => return false,
+            None => (offset, length, false),
+        };
         if is_write {
-            return self.caches_writes_back() && self.absorbable(offset, length);
+            // A partial-sector write reads its partial sectors first: from the cache only if
+            // they are there (the middle ones are overwritten, cached or not).
+            return self.caches_writes_back()
+                && self.absorbable(offset, length)
+                && (!partial_edges || self.edges_cached(offset, length));
         }
         if self.mode() == CacheMode::PassThrough {
             return false;

@@ -66,13 +66,18 @@ fn backing_errors_reach_the_client() {
 }
 
 #[test]
-fn requests_outside_or_misaligned_are_refused() {
+fn requests_outside_are_refused_and_partial_sectors_served() {
     let (_c, _b, cache) = setup(CacheMode::WriteAround);
     let vol = cache.volumes()[0].clone();
     let mut buf = vec![0u8; 4096];
     assert!(vol.read(8 * MIB, &mut buf).is_err());
-    assert!(vol.read(512, &mut buf).is_err());
+    assert!(vol.read(8 * MIB - 512, &mut buf).is_err());
     assert!(vol.write(u64::MAX - 4095, &buf, false).is_err());
+    assert!(vol.write(u64::MAX - 10, &buf[..5], false).is_err());
+    // Issue 13: byte offsets and lengths are served (partial.rs).
+    vol.write(512, &[9u8; 700], false).expect("partial write");
+    vol.read(512, &mut buf).expect("partial read");
+    assert_eq!(&buf[..700], &[9u8; 700][..]);
 }
 
 #[test]

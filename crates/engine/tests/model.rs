@@ -49,6 +49,21 @@ enum Op {
         sector: u64,
         sectors: u64,
     },
+    /// Byte offsets and lengths (issue 13): partial sectors are read, modified and written.
+    WriteBytes {
+        offset: u64,
+        len: u64,
+        seed: u8,
+        fua: bool,
+    },
+    ReadBytes {
+        offset: u64,
+        len: u64,
+    },
+    ZeroBytes {
+        offset: u64,
+        len: u64,
+    },
     Flush,
     /// One writeback batch (write-back mode).
     Clean,
@@ -66,6 +81,14 @@ fn range() -> impl Strategy<Value = (u64, u64)> {
     ]
 }
 
+/// A byte range, mostly small and in the hot region.
+fn byte_range() -> impl Strategy<Value = (u64, u64)> {
+    prop_oneof![
+        (0..BACKING / 4, 1..=4096u64),
+        (0..BACKING - (1 << 20), 1..=(1u64 << 20)),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (range(), any::<u8>(), any::<bool>()).prop_map(|((sector, sectors), seed, fua)| Op::Write { sector, sectors, seed, fua }),
@@ -75,6 +98,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => range().prop_map(|(sector, sectors)| Op::Prefetch { sector, sectors }),
         1 => (0..BACKING / SECTOR - 16 * 40, 1..40u64, any::<bool>(), any::<u8>())
             .prop_map(|(sector, requests, write, seed)| Op::Stream { sector, requests, write, seed }),
+        3 => (byte_range(), any::<u8>(), any::<bool>()).prop_map(|((offset, len), seed, fua)| Op::WriteBytes { offset, len, seed, fua }),
+        3 => byte_range().prop_map(|(offset, len)| Op::ReadBytes { offset, len }),
+        1 => byte_range().prop_map(|(offset, len)| Op::ZeroBytes { offset, len }),
         1 => Just(Op::Flush),
         1 => Just(Op::Clean),
         1 => Just(Op::CleanRestart),
@@ -158,6 +184,31 @@ fn run(mode: CacheMode, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         );
                     }
                 }
+            }
+            Op::WriteBytes {
+                offset,
+                len,
+                seed,
+                fua,
+            } => {
+                let data = pattern(seed, len as usize, offset);
+                vol.write(offset, &data, fua).expect("byte write");
+                model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+            }
+            Op::ReadBytes { offset, len } => {
+                let mut buf = vec![0xAAu8; len as usize];
+                vol.read(offset, &mut buf).expect("byte read");
+                prop_assert!(
+                    buf == model[offset as usize..(offset + len) as usize],
+                    "read mismatch at byte {} len {} in {:?}",
+                    offset,
+                    len,
+                    mode
+                );
+            }
+            Op::ZeroBytes { offset, len } => {
+                vol.write_zeroes(offset, len, false).expect("byte zero");
+                model[offset as usize..(offset + len) as usize].fill(0);
             }
             Op::Flush => vol.flush().expect("flush"),
             Op::Clean => {
