@@ -5,6 +5,7 @@
 #   * request memory: 32 pipelined 32 MiB reads on one connection (32 workers) pin at most the
 #     connection's 64 MiB of buffers, not 32 x 32 MiB (the daemon's peak resident memory is
 #     measured);
+#   * a client that sends 51,200 reads before it reads any reply is served (issue 13 item 2);
 #   * --idle-timeout: a session that asks nothing is closed after it.
 source "$(dirname "$0")/lib.sh"
 require_tool python3 nbdinfo qemu-io truncate timeout
@@ -76,6 +77,17 @@ grown=$(((peak - base) / 1024))
 log "32 reads of 32 MiB on one connection: peak resident memory grew by ${grown} MiB (from $((base / 1024)) MiB)"
 ((grown < 160)) || fail "the daemon's peak memory grew by ${grown} MiB: request buffers are not bounded by the connection's 64 MiB"
 qio "$(nbd_uri "$SOCK")" "write -P 3 0 65536" "read -P 3 0 65536" >/dev/null
+stop_server
+
+# ---- a client that sends every request before it reads any reply (issue 13 item 2) ----
+# 51,200 reads of 1 KiB (1.4 MB of requests, 50 MiB of replies) in one send, then every reply:
+# the server reads the requests while their replies wait (before, its workers blocked writing
+# replies and it stopped reading, and the client's send never ended: 106 s and more).
+start_server "$TEST_DIR/nbd.sock" --cache cache.img
+t0=$(date +%s%N)
+run_helper pipelined reads 51200 1024
+wait_output '^done 51200'
+log "51,200 reads of 1 KiB sent before any reply was read: served in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 stop_server
 
 # ---- idle timeout ----

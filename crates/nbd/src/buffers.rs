@@ -7,7 +7,13 @@
 //! A request that does not fit waits (bounded) for other requests to give memory back, then
 //! fails with `ENOMEM` instead of pinning more.
 //!
-//! Buffers of up to [`KEEP_MAX_BUFFER`] are kept after use for the next request of that size,
+//! A buffer for less than a page (a request of a few hundred bytes, served by
+//! read-modify-write anyway) is a plain allocation of its length, charged at what the
+//! allocator spends on it, so a client's many small requests waiting for their replies pin
+//! what they need, not a page each. Page-sized and larger buffers are page-aligned (O_DIRECT
+//! reads go straight into them).
+//!
+//! Buffers of a page up to [`KEEP_MAX_BUFFER`] are kept after use for the next request of that size,
 //! up to [`KEEP_BYTES`] in all, so the usual small requests allocate nothing. Kept buffers stay
 //! charged but never make a request wait: they are freed first when room is needed. Larger
 //! buffers are freed when their request ends, so one huge request pins nothing afterwards.
@@ -21,9 +27,14 @@ use ssdcache_device::AlignedBuf;
 use crate::proto::Errno;
 use crate::server::lock;
 
-/// Smallest buffer (one page, the O_DIRECT alignment); sizes up to [`KEEP_MAX_BUFFER`] are
-/// rounded up to a power of two so kept buffers fit the next request of about that size.
+/// Smallest aligned buffer (one page, the O_DIRECT alignment); sizes up to
+/// [`KEEP_MAX_BUFFER`] are rounded up to a power of two so kept buffers fit the next request
+/// of about that size. Shorter requests get a [`Buffer::Small`].
 const MIN_BUFFER: usize = 4096;
+/// What a small buffer is charged beyond its length: the allocator's header and rounding
+/// (glibc: 8 bytes and 16-byte chunks), rounded up generously.
+const SMALL_OVERHEAD: usize = 16;
+const SMALL_GRAIN: usize = 64;
 /// Largest buffer kept for reuse: covers the requests kernel clients, fio and qemu usually
 /// send (4 KiB to 1 MiB). Larger requests are rare, and one allocation costs little next to
 /// moving that much data.
@@ -75,19 +86,51 @@ impl ConnectionMemory {
 pub(crate) struct Lease<'p> {
     pool: &'p BufferPool,
     connection: &'p ConnectionMemory,
-    buf: Option<AlignedBuf>,
+    buf: Option<Buffer>,
+}
+
+/// The memory behind a lease.
+enum Buffer {
+    /// A page or more, page-aligned, resized to the request's length.
+    Aligned(AlignedBuf),
+    /// Less than a page: exactly the request's length.
+    Small(Box<[u8]>),
+}
+
+impl Buffer {
+    /// What the buffer is charged.
+    fn charge(&self) -> usize {
+        match self {
+            Buffer::Aligned(buf) => buf.capacity(),
+            Buffer::Small(buf) => buffer_size(buf.len()),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buffer::Aligned(buf) => buf,
+            Buffer::Small(buf) => buf,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::Aligned(buf) => buf,
+            Buffer::Small(buf) => buf,
+        }
+    }
 }
 
 impl std::ops::Deref for Lease<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        self.buf.as_deref().unwrap_or(&[])
+        self.buf.as_ref().map_or(&[], Buffer::bytes)
     }
 }
 
 impl std::ops::DerefMut for Lease<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        self.buf.as_deref_mut().unwrap_or(&mut [])
+        self.buf.as_mut().map_or(&mut [], Buffer::bytes_mut)
     }
 }
 
@@ -110,14 +153,23 @@ impl Drop for Lease<'_> {
     }
 }
 
-/// What a buffer of `len` bytes costs: its capacity.
+/// What a buffer of `len` bytes costs: its capacity (for less than a page, what the
+/// allocator spends on it).
 pub(crate) fn buffer_size(len: usize) -> usize {
+    if is_small(len) {
+        return (len + SMALL_OVERHEAD).next_multiple_of(SMALL_GRAIN);
+    }
     let len = len.max(MIN_BUFFER);
     if len <= KEEP_MAX_BUFFER {
         len.next_power_of_two()
     } else {
         len.div_ceil(MIN_BUFFER).saturating_mul(MIN_BUFFER)
     }
+}
+
+/// Whether a buffer of `len` bytes is a [`Buffer::Small`].
+fn is_small(len: usize) -> bool {
+    len > 0 && len < MIN_BUFFER
 }
 
 /// The kept-buffer class of a buffer of `size` bytes, if buffers that size are kept.
@@ -160,7 +212,7 @@ impl BufferPool {
         loop {
             let in_use = connection.in_use.load(Ordering::Relaxed);
             if in_use + size <= connection.limit {
-                if let Some(buf) = self.reuse(&mut state, size) {
+                if let Some(buf) = self.reuse(&mut state, size).filter(|_| !is_small(len)) {
                     connection.in_use.store(in_use + size, Ordering::Relaxed);
                     return Ok(self.lease(connection, buf, len));
                 }
@@ -222,6 +274,13 @@ impl BufferPool {
         size: usize,
         len: usize,
     ) -> Result<Lease<'p>, Errno> {
+        if is_small(len) {
+            return Ok(Lease {
+                pool: self,
+                connection,
+                buf: Some(Buffer::Small(vec![0u8; len].into_boxed_slice())),
+            });
+        }
         match AlignedBuf::try_zeroed(size) {
             Some(buf) => Ok(self.lease(connection, buf, len)),
             None => {
@@ -246,21 +305,21 @@ impl BufferPool {
         Lease {
             pool: self,
             connection,
-            buf: Some(buf),
+            buf: Some(Buffer::Aligned(buf)),
         }
     }
 
-    fn give_back(&self, connection: &ConnectionMemory, buf: AlignedBuf) {
-        let size = buf.capacity();
+    fn give_back(&self, connection: &ConnectionMemory, buf: Buffer) {
+        let size = buf.charge();
         let mut state = lock(&self.state);
         connection.in_use.fetch_sub(size, Ordering::Relaxed);
-        let freed = match class_of(size) {
-            Some(class) if state.kept_bytes + size <= self.keep_limit => {
+        let freed = match (buf, class_of(size)) {
+            (Buffer::Aligned(buf), Some(class)) if state.kept_bytes + size <= self.keep_limit => {
                 state.kept[class].push(buf);
                 state.kept_bytes += size;
                 None
             }
-            _ => {
+            (buf, _) => {
                 state.charged -= size;
                 Some(buf)
             }
@@ -271,8 +330,8 @@ impl BufferPool {
     }
 
     /// [`Lease::leak`]: uncounts `buf` and never frees it.
-    fn forget(&self, connection: &ConnectionMemory, buf: AlignedBuf) {
-        let size = buf.capacity();
+    fn forget(&self, connection: &ConnectionMemory, buf: Buffer) {
+        let size = buf.charge();
         let mut state = lock(&self.state);
         connection.in_use.fetch_sub(size, Ordering::Relaxed);
         state.charged -= size;
@@ -302,6 +361,9 @@ mod tests {
     #[test]
     fn sizes_round_to_classes_and_pages() {
         assert_eq!(buffer_size(0), 4096);
+        assert_eq!(buffer_size(1), 64);
+        assert_eq!(buffer_size(1024), 1088);
+        assert_eq!(buffer_size(4095), 4160);
         assert_eq!(buffer_size(4096), 4096);
         assert_eq!(buffer_size(4097), 8192);
         assert_eq!(buffer_size(768 << 10), 1 << 20);
@@ -319,10 +381,19 @@ mod tests {
         let address = first.as_ptr();
         drop(first);
         assert_eq!(pool.charged(), 4096, "kept");
-        let again = pool.take(&conn, 3000, soon(), NEVER).unwrap();
+        let again = pool.take(&conn, 4000 + 96, soon(), NEVER).unwrap();
         assert_eq!(again.as_ptr(), address, "reused");
-        assert_eq!(again.len(), 3000);
+        assert_eq!(again.len(), 4096);
         drop(again);
+        let small = pool.take(&conn, 1000, soon(), NEVER).unwrap();
+        assert_eq!(small.len(), 1000);
+        assert_eq!(
+            pool.charged(),
+            4096 + 1024,
+            "charged at what it costs, not a page"
+        );
+        drop(small);
+        assert_eq!(pool.charged(), 4096, "small buffers are freed, not kept");
         let huge = pool.take(&conn, 32 << 20, soon(), NEVER).unwrap();
         assert_eq!(pool.charged(), (32 << 20) + 4096);
         drop(huge);

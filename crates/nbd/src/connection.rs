@@ -16,8 +16,12 @@
 //!   a fast worker starts the READs of its batch that the export can end there and goes back
 //!   to reading; the completion thread answers each as it ends ([`RingLane`]).
 //!
-//! Replies go out in completion order, one whole reply at a time under the writer lock. The
-//! slow queue holds at most [`SLOW_LANE_QUEUE`] requests; while it is full, a fast worker
+//! Replies go out in completion order through the connection's outbox ([`Outbox`]): a worker
+//! queues each reply and goes back to reading; one sender thread (`nbd-sender`) writes them,
+//! up to [`MAX_READ_BATCH`] per `writev`. A client that sends many requests before it reads a
+//! reply never stops the connection from reading them: requests go on being read while their
+//! replies wait, up to the connection's request memory (a READ's reply holds its buffer until
+//! sent) and [`REPLY_QUEUE`] replies. The slow queue holds at most [`SLOW_LANE_QUEUE`] requests; while it is full, a fast worker
 //! with a slow request waits for room, and once every fast worker waits so, the connection
 //! reads nothing more (back-pressure, as when its request memory is used up).
 //!
@@ -37,13 +41,14 @@ use tracing::{debug, info, warn};
 
 use crate::buffers::{ConnectionMemory, Lease};
 use crate::handshake::{CloseReason, Handshake, HandshakeOutcome};
+use crate::outbox::Outbox;
 use crate::proto::{
     simple_reply_header, validate_request, Command, Errno, ProtocolError, RequestHeader,
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
 };
 use crate::server::{
     lock, BatchedRead, ExportTable, InBackend, Lane, NbdStream, Registration, RingReads, RingStart,
-    ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
+    ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, REPLY_QUEUE, SLOW_LANE_QUEUE,
 };
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
@@ -200,6 +205,7 @@ fn transmit<S: NbdStream>(
         input: Mutex::new(Input::new(stream)),
         writer: Mutex::new(writer),
         control,
+        outbox: Outbox::new(REPLY_QUEUE),
         closed: AtomicBool::new(false),
         aborted: AtomicBool::new(false),
         activity: &activity,
@@ -211,8 +217,6 @@ fn transmit<S: NbdStream>(
             pending: Mutex::new(slab::Slab::new()),
             open: AtomicBool::new(false),
             broken: AtomicBool::new(false),
-            replies: Mutex::new(RingReplies::default()),
-            replies_ready: Condvar::new(),
         }),
         export,
         max_payload: config.max_request.min(export.info.max_block),
@@ -460,6 +464,37 @@ struct Request<'a> {
     _in_flight: InFlight<'a>,
 }
 
+/// A request served, and its outcome: what the sender thread writes.
+struct Reply<'a> {
+    request: Request<'a>,
+    outcome: Result<(), Errno>,
+}
+
+impl Reply<'_> {
+    /// The error the reply carries. A successful READ without its data cannot happen (a read
+    /// leases its buffer before it runs); it is never sent as a success without its data.
+    fn error(&self) -> Option<Errno> {
+        let header = &self.request.header;
+        match (self.outcome, &self.request.buffer) {
+            (Err(errno), _) => Some(errno),
+            (Ok(()), None) if header.command == Command::Read && header.length > 0 => {
+                Some(Errno::Io)
+            }
+            (Ok(()), _) => None,
+        }
+    }
+
+    /// The data that follows the header: a successful READ's.
+    fn data(&self) -> Option<&[u8]> {
+        let is_read = self.request.header.command == Command::Read;
+        if is_read && self.outcome.is_ok() {
+            self.request.buffer.as_deref()
+        } else {
+            None
+        }
+    }
+}
+
 /// Whether `buffered` starts with a whole READ request header. Gathering a batch reads
 /// nothing else: a WRITE's payload may still be on its way, or wait for request memory the
 /// batch holds, and the batch's replies would wait with it.
@@ -676,29 +711,6 @@ struct RingLane<'a> {
     open: AtomicBool,
     /// `wait` failed: reads may never end, so the buffers in `pending` are leaked.
     broken: AtomicBool,
-    /// Served READs whose replies wait for the ring's sender thread: the completion thread
-    /// hands them over and reaps on, so a client that stops reading its replies never keeps
-    /// ring hits (and their lines) from being reaped (review 31 F3). Bounded by request
-    /// memory: each holds its buffer.
-    replies: Mutex<RingReplies<'a>>,
-    replies_ready: Condvar,
-}
-
-#[derive(Default)]
-struct RingReplies<'a> {
-    requests: Vec<Request<'a>>,
-    /// The completion thread ended: the sender sends what is left and stops.
-    done: bool,
-}
-
-/// Tells the ring's sender that the completion thread ended, however it ended.
-struct RepliesDone<'r, 'a>(&'r RingLane<'a>);
-
-impl Drop for RepliesDone<'_, '_> {
-    fn drop(&mut self) {
-        lock(&self.0.replies).done = true;
-        self.0.replies_ready.notify_all();
-    }
 }
 
 impl Drop for RingLane<'_> {
@@ -744,6 +756,8 @@ struct Connection<'a, S: NbdStream> {
     writer: Mutex<S>,
     /// Lock-free handle used to shut the socket down from any thread.
     control: S,
+    /// Replies waiting for the sender thread, in the order they are sent.
+    outbox: Outbox<Reply<'a>>,
     /// Set when no further request may be read (DISC, EOF, error, shutdown).
     closed: AtomicBool,
     /// Set when the socket was shut down after an error: requests still in
@@ -768,24 +782,29 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// Runs `fast_threads` fast workers (this thread included) and the slow workers they
     /// start until all have stopped; returns the first error any of them hit.
     fn run_workers(&self, fast_threads: usize) -> Result<(), ConnectionError> {
+        thread::scope(|outer| {
+            let sender = thread::Builder::new()
+                .name("nbd-sender".into())
+                .spawn_scoped(outer, || self.sender());
+            if let Err(error) = sender {
+                return self.record(self.io_error("starting the reply sender thread", error));
+            }
+            // Every producer of replies runs in this scope; once it ended, none is left.
+            self.run_producers(fast_threads);
+            self.outbox.finish();
+        });
+        lock(&self.first_error).take().map_or(Ok(()), Err)
+    }
+
+    /// Runs the fast workers (this thread one of them), the completion thread and the slow
+    /// workers they start, until all have stopped.
+    fn run_producers(&self, fast_threads: usize) {
         thread::scope(|scope| {
             let completer = self.ring.as_ref().and_then(|ring| {
-                let sender = thread::Builder::new()
-                    .name("nbd-ring-sender".into())
-                    .spawn_scoped(scope, move || self.ring_sender(ring))
-                    .inspect_err(
-                        |error| warn!(peer = %self.peer, %error, "serving every read on workers"),
-                    )
-                    .ok()?;
                 ring.open.store(true, Ordering::SeqCst);
                 let spawned = thread::Builder::new()
                     .name("nbd-completer".into())
                     .spawn_scoped(scope, move || self.ring_completer(ring, scope));
-                if spawned.is_err() {
-                    // The sender stops: nothing will hand it a reply.
-                    RepliesDone(ring);
-                }
-                drop(sender);
                 spawned
                     .inspect_err(|error| {
                         ring.open.store(false, Ordering::SeqCst);
@@ -824,7 +843,6 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 std::panic::resume_unwind(panic);
             }
         });
-        lock(&self.first_error).take().map_or(Ok(()), Err)
     }
 
     /// Reads requests, runs the fast ones and queues the slow ones, until no more can be read.
@@ -1015,7 +1033,6 @@ impl<'a, S: NbdStream> Connection<'a, S> {
     /// Answers ring READs as they end, until the readers stopped and none is in flight.
     fn ring_completer<'scope>(&'scope self, ring: &RingLane<'a>, scope: &'scope Scope<'scope, '_>) {
         let _abort_on_panic = AbortOnPanic(self);
-        let _replies_done = RepliesDone(ring);
         let mut ended = Vec::new();
         // Since when requests the ring queued for the slow lane have had no worker.
         let mut no_worker_since: Option<Instant> = None;
@@ -1067,45 +1084,36 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 self.abort();
                 no_worker_since = None;
             }
-            if served.is_empty() {
-                continue;
-            }
-            lock(&ring.replies).requests.append(&mut served);
-            ring.replies_ready.notify_one();
+            // Handed to the sender, so a client that stops reading its replies never keeps
+            // ring hits (and their lines) from being reaped (review 31 F3).
+            self.queue_replies(served.into_iter().map(|request| Reply {
+                request,
+                outcome: Ok(()),
+            }));
         }
     }
 
-    /// Sends the replies of served ring READs, as the completion thread hands them over,
-    /// until it ended and none is left.
-    fn ring_sender(&self, ring: &RingLane<'a>) {
+    /// Sends the replies the workers queue, in order, until every worker stopped and none is
+    /// left. After a failed send the connection is aborted and the rest are dropped.
+    fn sender(&self) {
         let _abort_on_panic = AbortOnPanic(self);
-        loop {
-            let requests = {
-                let mut replies = lock(&ring.replies);
-                while replies.requests.is_empty() && !replies.done {
-                    replies = ring
-                        .replies_ready
-                        .wait(replies)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-                if replies.requests.is_empty() {
-                    return;
-                }
-                std::mem::take(&mut replies.requests)
+        // At most MAX_READ_BATCH replies per call: each call has one I/O-timeout deadline for
+        // all it writes, so a backlog sent in one call cut off a client that reads steadily
+        // but not that fast (review 32).
+        let mut replies = Vec::with_capacity(MAX_READ_BATCH);
+        while self.outbox.take(MAX_READ_BATCH, &mut replies) {
+            let sent = if self.aborted.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                self.send_replies(&replies)
             };
-            if self.aborted.load(Ordering::SeqCst) {
-                continue;
-            }
-            // At most MAX_READ_BATCH replies per call, as the workers send: each call has one
-            // I/O-timeout deadline for all it writes, so a backlog sent in one call cut off a
-            // client that reads steadily but not that fast (review 32).
-            for chunk in requests.chunks(MAX_READ_BATCH) {
-                let outcomes = vec![Ok(()); chunk.len()];
-                if let Err(error) = self.send_replies(chunk, &outcomes) {
-                    self.record(error);
-                    self.abort();
-                    break;
-                }
+            // The requests end here: their buffers go back, their replies are no longer owed.
+            replies.clear();
+            if let Err(error) = sent {
+                // Recorded before the abort, so the errors the abort causes in other
+                // workers do not hide the cause.
+                self.record(error);
+                self.abort();
             }
         }
     }
@@ -1164,12 +1172,11 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 debug!(peer = %self.peer, header = ?request.header, %errno, "request failed");
             }
         }
-        if let Err(error) = self.send_replies(&requests, &outcomes) {
-            self.record(error);
-            self.abort();
-            return false;
-        }
-        true
+        let replies = requests
+            .into_iter()
+            .zip(outcomes)
+            .map(|(request, outcome)| Reply { request, outcome });
+        self.queue_replies(replies)
     }
 
     fn read_batch(&self, requests: &mut [Request<'a>]) -> Vec<Result<(), Errno>> {
@@ -1274,25 +1281,24 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         }
     }
 
-    /// Runs a request and sends its reply. False (after recording the error and aborting
-    /// the connection) when the reply could not be sent.
+    /// Runs a request and queues its reply. False when the connection is over (its replies
+    /// can no longer be sent).
     fn serve(&self, mut request: Request<'a>) -> bool {
         let outcome = self.execute(&mut request);
         if let Err(errno) = outcome {
             debug!(peer = %self.peer, header = ?request.header, %errno, "request failed");
         }
-        if request.header.command == Command::Write {
-            // The payload's memory is free again before the reply waits for the writer.
+        if request.header.command != Command::Read || outcome.is_err() {
+            // Only a READ's data goes out: other memory is free before the reply waits.
             request.buffer = None;
         }
-        if let Err(error) = self.send_reply(&request, outcome) {
-            // Recorded before the abort, so the errors the abort causes in other
-            // workers do not hide the cause.
-            self.record(error);
-            self.abort();
-            return false;
-        }
-        true
+        self.queue_replies([Reply { request, outcome }])
+    }
+
+    /// Hands replies to the sender thread, waiting while [`REPLY_QUEUE`] replies wait. False
+    /// when the connection is over.
+    fn queue_replies(&self, replies: impl IntoIterator<Item = Reply<'a>>) -> bool {
+        self.outbox.push_all(replies)
     }
 
     /// Keeps the first error of the connection (what it ends with).
@@ -1493,7 +1499,9 @@ impl<'a, S: NbdStream> Connection<'a, S> {
             if self.stopping_early() {
                 return Err(Errno::Shutdown);
             }
-            let piece = (end - start).min(DATALESS_CHUNK_BYTES);
+            // Pieces end on multiples of the chunk size, so a range that does not start on a
+            // block boundary has partial blocks only in its first and last piece.
+            let piece = (end - start).min(DATALESS_CHUNK_BYTES - start % DATALESS_CHUNK_BYTES);
             let _inside = self.shared.enter_backend()?;
             op(start, piece, false)?;
             start += piece;
@@ -1505,46 +1513,20 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         Ok(())
     }
 
-    /// The replies of a batch of READs (each with its buffer), in one writev under the
-    /// writer lock.
-    fn send_replies(
-        &self,
-        requests: &[Request<'_>],
-        outcomes: &[Result<(), Errno>],
-    ) -> Result<(), ConnectionError> {
-        let headers: Vec<_> = requests
+    /// Writes `replies` in one writev (as few as the socket takes) under the writer lock.
+    fn send_replies(&self, replies: &[Reply<'_>]) -> Result<(), ConnectionError> {
+        let headers: Vec<_> = replies
             .iter()
-            .zip(outcomes)
-            .map(|(request, outcome)| simple_reply_header(outcome.err(), request.header.cookie))
+            .map(|reply| simple_reply_header(reply.error(), reply.request.header.cookie))
             .collect();
-        let mut slices = Vec::with_capacity(2 * requests.len());
-        for ((header, request), outcome) in headers.iter().zip(requests).zip(outcomes) {
+        let mut slices = Vec::with_capacity(2 * replies.len());
+        for (header, reply) in headers.iter().zip(replies) {
             slices.push(IoSlice::new(header));
-            if let (Ok(()), Some(data)) = (outcome, request.buffer.as_deref()) {
+            if let Some(data) = reply.data() {
                 slices.push(IoSlice::new(data));
             }
         }
         self.write_replies(&mut slices)
-    }
-
-    /// Header and read data leave in one writev under the writer lock, so
-    /// replies from different workers never interleave.
-    fn send_reply(
-        &self,
-        request: &Request<'_>,
-        outcome: Result<(), Errno>,
-    ) -> Result<(), ConnectionError> {
-        let header = &request.header;
-        let (error, data): (Option<Errno>, &[u8]) =
-            match (outcome, header.command, request.buffer.as_deref()) {
-                (Ok(()), Command::Read, Some(data)) => (None, data),
-                // Cannot happen (a read leases its buffer before it runs); never send a
-                // success without its data.
-                (Ok(()), Command::Read, None) if header.length > 0 => (Some(Errno::Io), &[]),
-                (outcome, _, _) => (outcome.err(), &[]),
-            };
-        let reply = simple_reply_header(error, header.cookie);
-        self.write_replies(&mut [IoSlice::new(&reply), IoSlice::new(data)])
     }
 
     /// Writes whole replies under the writer lock within the I/O timeout.
@@ -1568,6 +1550,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         self.closed.store(true, Ordering::SeqCst);
         self.aborted.store(true, Ordering::SeqCst);
         let _ = self.control.shutdown_stream(Shutdown::Both);
+        self.outbox.fail();
         self.slow.abort();
         self.shared.buffers.wake_all();
     }

@@ -50,6 +50,7 @@ mod buffers;
 pub mod client;
 mod connection;
 pub mod handshake;
+mod outbox;
 pub mod proto;
 mod server;
 

@@ -21,7 +21,7 @@ use crate::handshake::ExportInfo;
 use crate::proto::{Command, Errno};
 
 /// The storage behind one export. The server calls it from many threads at
-/// once. Buffers passed to `read` and `write` start on a 4096-byte boundary,
+/// once. Buffers passed to `read` and `write` of 4096 bytes or more start on a 4096-byte boundary,
 /// and offsets and lengths are multiples of the export's `min_block` and lie
 /// inside the export (the server checks before calling); zero-length
 /// requests never reach the backend.
@@ -155,6 +155,12 @@ pub const DATALESS_CHUNK_BYTES: u64 = 64 << 20;
 /// device still leaves the reading of hits free. A queued request is a few dozen bytes
 /// besides a write's payload, which the connection's request memory bounds.
 pub const SLOW_LANE_QUEUE: usize = 256;
+
+/// Replies one connection may have waiting for its sender thread (a client that sends many
+/// requests before it reads a reply): about 40 bytes each besides a READ's data, whose
+/// buffer stays charged to the connection's request memory until it is sent. A worker with a
+/// reply to queue past it waits for the sender.
+pub const REPLY_QUEUE: usize = 65536;
 
 /// Server tuning and limits. Every limit bounds something a client could otherwise make grow
 /// without end; docs/design.md §6 has the arithmetic.

@@ -601,3 +601,43 @@ fn limits_that_cannot_work_are_refused() {
     }
     assert!(Server::check_config(&base).is_ok());
 }
+
+/// Issue 13 item 2: a client that sends every request before it reads any reply. Before the
+/// outbox, workers blocked writing replies the client was not reading yet and stopped reading
+/// its requests, so its sending never ended (over a Unix socket: 106 s and more, or forever).
+/// Now the requests are read while their replies wait, up to the connection's request memory.
+#[test]
+fn a_client_that_sends_every_request_before_reading_a_reply_is_served() {
+    const READS: u64 = 12_000; // 336 KB of requests, 47 MiB of replies: under 64 MiB
+    let (server, backend) = mem_server(ServerConfig::default());
+    let (mut client, handle) = go_pair(&server);
+    let pattern: Vec<u8> = (0..SIZE).map(|i| (i / BLOCK) as u8).collect();
+    assert_eq!(client.write(0, &pattern), 0);
+    assert_eq!(backend.contents(0, SIZE), pattern);
+    client
+        .stream
+        .set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let started = Instant::now();
+    let blocks = (SIZE / BLOCK) as u64;
+    for i in 0..READS {
+        // Panics if the server stops reading for 20 s (it waits for us to read replies).
+        client.send(
+            Command::Read,
+            0,
+            (i % blocks) * BLOCK as u64,
+            BLOCK as u32,
+            &[],
+        );
+    }
+    let sent = started.elapsed();
+    for _ in 0..READS {
+        let reply = client.recv();
+        assert_eq!(reply.error, 0);
+        let block = ((reply.cookie - 2) % blocks) as usize;
+        assert_eq!(reply.data, pattern[block * BLOCK..(block + 1) * BLOCK]);
+    }
+    assert!(sent < Duration::from_secs(10), "sending took {sent:?}");
+    drop(client);
+    join_within(handle).unwrap();
+}
