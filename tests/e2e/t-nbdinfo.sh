@@ -17,7 +17,7 @@ check_export() { # check_export JSON READONLY
     min=$(jq -r '.block_size_minimum // "none"' <<<"$e")
     pref=$(jq -r '.block_size_preferred // "none"' <<<"$e")
     max=$(jq -r '.block_size_maximum // "none"' <<<"$e")
-    assert_eq "$min" 4096 "block_size_minimum"
+    assert_eq "$min" 1 "block_size_minimum (byte-granular requests, issue 13)"
     [[ "$pref" =~ ^[0-9]+$ ]] || fail "block_size_preferred missing: $e"
     (( pref >= 4096 && (pref & (pref - 1)) == 0 )) || fail "block_size_preferred $pref not a power of two >= 4096"
     assert_eq "$max" $((32 << 20)) "block_size_maximum"
