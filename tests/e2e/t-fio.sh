@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fio (nbd ioengine, crc32c verify) in each cache mode: 4 KiB random writes and mixed 4k..1m block
+# fio (nbd ioengine, crc32c verify) in each cache mode: 4 KiB and 512-byte random writes and mixed 4k..1m block
 # sizes, 4 jobs = 4 concurrent connections on disjoint regions; each workload is verified in-run,
 # re-verified by a separate verify-only run, and re-verified again after a graceful restart.
 source "$(dirname "$0")/lib.sh"
@@ -49,6 +49,9 @@ for mode in write-back write-through write-around pass-through; do
     A=(--name=rand4k --rw=randwrite --bs=4k --size=8m --iodepth=8)
     # (b) mixed block sizes 4k..1m (multiples of 4k, 4k aligned), regions at 256m + n*64m.
     B=(--name=mixed --rw=randwrite --bsrange=4k-1m --blockalign=4k --size=32m --offset=256m --iodepth=4)
+    # (c) 512-byte random writes, 32 in flight per job: most 4 KiB sectors get several at once,
+    # each served by read-modify-write under the line lock (issue 13), regions at 48m + n*64m.
+    C=(--name=rand512 --rw=randwrite --bs=512 --size=1m --offset=48m --iodepth=32)
 
     run_fio "$mode.a" "$URI" "${A[@]}" --do_verify=1
     assert_eq "$FIO_W" $((4 * 8 * M)) "$mode rand4k bytes written"
@@ -56,6 +59,8 @@ for mode in write-back write-through write-around pass-through; do
     run_fio "$mode.b" "$URI" "${B[@]}" --do_verify=1
     assert_eq "$FIO_W" $((4 * 32 * M)) "$mode mixed bytes written"
     assert_gt "$FIO_R" 0 "$mode mixed bytes verified"
+    run_fio "$mode.c" "$URI" "${C[@]}" --do_verify=1
+    assert_eq "$FIO_W" $((4 * M)) "$mode rand512 bytes written"
     log "$mode: write+verify ok"
 
     # Separate verify-only runs (new connections) re-read everything both workloads wrote.
@@ -63,6 +68,8 @@ for mode in write-back write-through write-around pass-through; do
     assert_eq "$FIO_R" $((4 * 8 * M)) "$mode rand4k verify-only bytes read"
     run_fio "$mode.b.v" "$URI" "${B[@]}" --verify_only
     assert_eq "$FIO_R" $((4 * 32 * M)) "$mode mixed verify-only bytes read"
+    run_fio "$mode.c.v" "$URI" "${C[@]}" --verify_only
+    assert_eq "$FIO_R" $((4 * M)) "$mode rand512 verify-only bytes read"
     log "$mode: verify-only ok"
 
     st=$(stats_json "cache-$mode.img")
@@ -80,6 +87,7 @@ for mode in write-back write-through write-around pass-through; do
     start_server "$TEST_DIR/nbd-$mode.sock" --cache "cache-$mode.img"
     run_fio "$mode.a.v2" "$URI" "${A[@]}" --verify_only
     run_fio "$mode.b.v2" "$URI" "${B[@]}" --verify_only
+    run_fio "$mode.c.v2" "$URI" "${C[@]}" --verify_only
     log "$mode: verify-only after restart ok"
     stop_server
     DONE=$((DONE + 1))
