@@ -12,6 +12,9 @@ use std::sync::{Condvar, Mutex, PoisonError};
 
 use crate::server::lock;
 
+/// Replies an empty outbox keeps room for; a larger queue is given back once drained.
+const SHRINK_ABOVE: usize = 1024;
+
 /// A bounded queue of replies with one consumer (the sender) and many producers (workers).
 pub(crate) struct Outbox<T> {
     state: Mutex<State<T>>,
@@ -89,8 +92,29 @@ impl<T> Outbox<T> {
         }
         let n = most.min(state.waiting.len());
         into.extend(state.waiting.drain(..n));
+        if state.waiting.is_empty() && state.waiting.capacity() > SHRINK_ABOVE {
+            // A burst's queue is not kept for the connection's whole life (review 43 F2).
+            state.waiting.shrink_to(SHRINK_ABOVE);
+        }
         drop(state);
         self.room.notify_all();
+        true
+    }
+
+    /// Queues `replies` without waiting for room, past the bound: for the io_uring completion
+    /// thread, which must never wait for the client (review 31 F3, review 43 F1). What it
+    /// queues so is bounded by the ring (128 reads in flight), each holding its buffer from
+    /// the connection's request memory. False once the sender failed.
+    pub(crate) fn push_all_now(&self, replies: impl IntoIterator<Item = T>) -> bool {
+        let mut state = lock(&self.state);
+        if state.failed {
+            drop(state);
+            drop(replies.into_iter().collect::<Vec<_>>());
+            return false;
+        }
+        state.waiting.extend(replies);
+        drop(state);
+        self.ready.notify_one();
         true
     }
 

@@ -157,9 +157,10 @@ pub const DATALESS_CHUNK_BYTES: u64 = 64 << 20;
 pub const SLOW_LANE_QUEUE: usize = 256;
 
 /// Replies one connection may have waiting for its sender thread (a client that sends many
-/// requests before it reads a reply): about 40 bytes each besides a READ's data, whose
-/// buffer stays charged to the connection's request memory until it is sent. A worker with a
-/// reply to queue past it waits for the sender.
+/// requests before it reads a reply): 104 bytes each besides a READ's data, whose buffer
+/// stays charged to the connection's request memory until it is sent, so 6.5 MiB when full
+/// (given back once drained). A worker with a reply to queue past it waits for the sender;
+/// the io_uring completion thread never waits and may go past it by its 128 reads.
 pub const REPLY_QUEUE: usize = 65536;
 
 /// Server tuning and limits. Every limit bounds something a client could otherwise make grow
