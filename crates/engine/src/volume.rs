@@ -1853,10 +1853,11 @@ impl Volume {
         let zero_whole = |offset, length| {
             self.on_backing_then_uncache(offset, length, fua, |b| b.write_zeroes(offset, length))
         };
+        // Checked before widening: an offset near u64::MAX must be refused, not rounded.
+        self.check_writable_bytes(offset, length)?;
         if Widened::of(offset, length).is_none() {
             return zero_whole(offset, length);
         }
-        self.check_writable_bytes(offset, length)?;
         self.write_zeroes_partial(offset, length, fua, zero_whole)
     }
 

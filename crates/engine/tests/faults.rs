@@ -74,6 +74,8 @@ fn requests_outside_are_refused_and_partial_sectors_served() {
     assert!(vol.read(8 * MIB - 512, &mut buf).is_err());
     assert!(vol.write(u64::MAX - 4095, &buf, false).is_err());
     assert!(vol.write(u64::MAX - 10, &buf[..5], false).is_err());
+    // Refused before it is widened to whole sectors (review 42 F3: an overflow).
+    assert!(vol.write_zeroes(u64::MAX - 10, 100, false).is_err());
     // Issue 13: byte offsets and lengths are served (partial.rs).
     vol.write(512, &[9u8; 700], false).expect("partial write");
     vol.read(512, &mut buf).expect("partial read");

@@ -1184,7 +1184,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
             .into_iter()
             .zip(outcomes)
             .map(|(request, outcome)| Reply { request, outcome });
-        self.queue_replies(replies)
+        self.outbox.push_all(replies)
     }
 
     fn read_batch(&self, requests: &mut [Request<'a>]) -> Vec<Result<(), Errno>> {
@@ -1300,13 +1300,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
             // Only a READ's data goes out: other memory is free before the reply waits.
             request.buffer = None;
         }
-        self.queue_replies([Reply { request, outcome }])
-    }
-
-    /// Hands replies to the sender thread, waiting while [`REPLY_QUEUE`] replies wait. False
-    /// when the connection is over.
-    fn queue_replies(&self, replies: impl IntoIterator<Item = Reply<'a>>) -> bool {
-        self.outbox.push_all(replies)
+        self.outbox.push_all([Reply { request, outcome }])
     }
 
     /// Keeps the first error of the connection (what it ends with).
