@@ -15,7 +15,7 @@ use ssdcache_engine::admission::Admission;
 use ssdcache_engine::{
     BatchRead, Cache, CleanerConfig, EngineError, RingHit, RingHits, Volume, VolumeBacking,
 };
-use ssdcache_format::{CacheState, Superblock, SECTOR_SIZE};
+use ssdcache_format::{CacheState, Superblock};
 use ssdcache_nbd::{
     transmission_flags, BatchedRead, Command, Errno, Export, ExportInfo, Lane, RingReads,
     RingStart, Server, ServerConfig, ServerError, ServerExport,
@@ -635,7 +635,7 @@ pub(crate) fn volume_export(
             description: format!("ssdcache volume {} ({})", v.name(), v.mode()),
             // The last bytes of a device whose size is not a multiple of 4 KiB form no whole
             // sector: the cache cannot hold them, so the export ends before them.
-            size: v.size() - v.size() % SECTOR_SIZE,
+            size: v.size(),
             flags: transmission_flags(ro),
             // Any offset and length (the engine reads, modifies and writes partial sectors),
             // as the NBD spec asks of a server whose clients may not negotiate block sizes.

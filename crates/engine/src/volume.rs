@@ -245,7 +245,8 @@ impl Volume {
             mode_gate: RwLock::new(()),
             state: AtomicU8::new(0),
             read_only: slot.read_only,
-            size: slot.backing.size,
+            // A trailing piece of a sector is never served: a direct-I/O read of it fails.
+            size: slot.backing.size - slot.backing.size % SECTOR_SIZE,
             core,
             streams: Streams::new(slot.sequential_cutoff),
             admission: AtomicU32::new(admission.to_disk()),
@@ -361,6 +362,8 @@ impl Volume {
     fn caches_writes_back(&self) -> bool {
         self.mode() == CacheMode::WriteBack && self.state() == VolumeState::Healthy
     }
+    /// The size served: the backing device's whole 4 KiB sectors (the bytes of a trailing
+    /// partial sector are neither served nor ever written).
     pub fn size(&self) -> u64 {
         self.size
     }
@@ -698,17 +701,26 @@ impl Volume {
         if length == 0 {
             return Ok(true);
         }
-        match Widened::of(offset, length) {
-            Some(wide) => self.read_partial(wide, buf),
-            None => self.read_sectors(offset, buf),
-        }
+        let hit = match Widened::of(offset, length) {
+            Some(_) => self.read_partial(offset, buf)?,
+            None => self.read_sectors(offset, buf)?,
+        };
+        self.count(
+            if hit {
+                Counter::ReadHits
+            } else {
+                Counter::ReadMisses
+            },
+            1,
+        );
+        Ok(hit)
     }
 
-    /// Reads whole sectors; true for a hit (every sector was in the cache).
+    /// Reads whole sectors; true for a hit (every sector was in the cache). The caller counts
+    /// the hit or miss.
     fn read_sectors(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
         let length = buf.len() as u64;
         if self.mode() == CacheMode::PassThrough && !self.has_dirty() {
-            self.count(Counter::ReadMisses, 1);
             return self.read_backing(buf, offset).map(|()| false);
         }
         let held = self.lock_for_read(offset, length);
@@ -718,7 +730,6 @@ impl Volume {
             // from the cache would break the disk's streaming into seeks. Dirty sectors are
             // laid over it from the cache.
             self.count(Counter::BytesBypassed, length);
-            self.count(Counter::ReadMisses, 1);
             self.read_backing(buf, offset)?;
             return self.overlay_cached(offset, buf).map(|()| false);
         }
@@ -730,20 +741,11 @@ impl Volume {
         } else {
             Fill::Nothing
         };
-        let all_hit = if fill == Fill::Admitted && self.misses_in_one_line(offset, length) {
-            self.read_line_unheld(offset, buf, held)?
+        if fill == Fill::Admitted && self.misses_in_one_line(offset, length) {
+            self.read_line_unheld(offset, buf, held)
         } else {
-            self.read_locked(offset, buf, fill, &mut None)?
-        };
-        self.count(
-            if all_hit {
-                Counter::ReadHits
-            } else {
-                Counter::ReadMisses
-            },
-            1,
-        );
-        Ok(all_hit)
+            self.read_locked(offset, buf, fill, &mut None)
+        }
     }
 
     /// Whether a write-back write would find a slot to dirty for every segment now (as
@@ -1418,9 +1420,15 @@ impl Volume {
             return Ok(());
         }
         let _mode_fixed = self.mode_gate.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(wide) = Widened::of(offset, length) {
-            return self.write_partial(wide, data, fua);
+        if Widened::of(offset, length).is_some() {
+            return self.write_partial(offset, data, fua);
         }
+        self.write_sectors(offset, data, fua)
+    }
+
+    /// Writes whole sectors, the mode gate held by the caller.
+    fn write_sectors(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let length = data.len() as u64;
         let held = if self.mode() == CacheMode::WriteBack {
             // Into the cache, most of them: no wait for the disk.
             self.lock_lines(offset, length)

@@ -205,3 +205,50 @@ fn the_last_bytes_of_a_device_of_odd_size_are_refused() {
         .expect("the last whole sector is served");
     assert_eq!(read(&cache, 4 * MIB - 50, 50), vec![7u8; 50]);
 }
+
+/// A partial request longer than the pieces it is served in (`partial.rs`, `PIECE`, 1 MiB):
+/// every byte lands and reads back exactly, in every mode, and a read counts as one hit or
+/// miss however many pieces it took.
+#[test]
+fn long_partial_requests_are_served_whole_in_every_mode() {
+    let count = |cache: &Cache, name: usize| cache.volumes()[0].stats().counters.0[name];
+    let (reads, hits, misses) = (0, 2, 3);
+    for mode in MODES {
+        let (_c, _b, cache) = common::setup(16 * MIB, BACKING, LINE, mode);
+        let vol = cache.volumes()[0].clone();
+        let mut model = vec![0u8; BACKING as usize];
+        for (round, (offset, len)) in [
+            (700u64, 3 * MIB as usize + 1000),
+            (MIB - 1, 2 * MIB as usize + 2),
+            (5 * MIB + 4096, 2 * MIB as usize + 5),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let bytes = data(round as u64 + 40, len);
+            vol.write(offset, &bytes, round == 1)
+                .expect("long partial write");
+            model[offset as usize..offset as usize + len].copy_from_slice(&bytes);
+        }
+        for (offset, len) in [(300u64, 4 * MIB as usize), (MIB + 1, 6 * MIB as usize)] {
+            let before = [reads, hits, misses].map(|c| count(&cache, c));
+            let got = read(&cache, offset, len);
+            let after = [reads, hits, misses].map(|c| count(&cache, c));
+            assert!(
+                got == model[offset as usize..offset as usize + len],
+                "{mode:?}: {len} bytes at {offset} differ from what was written"
+            );
+            assert_eq!(after[0] - before[0], 1, "{mode:?}: one read counted");
+            assert_eq!(
+                (after[1] - before[1]) + (after[2] - before[2]),
+                1,
+                "{mode:?}: one hit or miss counted for one read"
+            );
+        }
+        cache
+            .drain(&CleanerConfig::default(), &mut |_| true)
+            .expect("drain");
+        let got = read(&cache, 0, 8 * MIB as usize);
+        assert!(got == model[..8 * MIB as usize], "{mode:?}: after drain");
+    }
+}
