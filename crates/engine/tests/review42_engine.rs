@@ -375,7 +375,7 @@ fn stress(seed: u64, line: u64, tune_modes: bool) {
     common::format_dev(&*cache_dev, line, CacheMode::WriteBack, 8 * MIB, 0);
     let (cache, _) = common::open_dyn(cache_dev.clone(), backing.clone());
     let cache = Arc::new(cache);
-    if seed % 2 == 0 {
+    if seed.is_multiple_of(2) {
         // One frame of checksums in RAM: hits and writes page them in and out.
         cache
             .set_checksum_memory(ssdcache_engine::checksums::checksum_frame_bytes(line))
