@@ -11,6 +11,7 @@
 use ssdcache_nbd::proto::{
     IHAVEOPT, NBD_FLAG_C_FIXED_NEWSTYLE, NBD_FLAG_C_NO_ZEROES, NBD_INFO_DESCRIPTION, NBD_INFO_NAME,
     NBD_OPT_ABORT, NBD_OPT_EXPORT_NAME, NBD_OPT_GO, NBD_OPT_INFO, NBD_OPT_LIST,
+    NBD_OPT_LIST_META_CONTEXT, NBD_OPT_SET_META_CONTEXT, NBD_OPT_STARTTLS,
     NBD_OPT_STRUCTURED_REPLY, NBD_REP_MAGIC,
 };
 use ssdcache_nbd::{transmission_flags, ExportInfo, Handshake, HandshakeOutcome};
@@ -126,8 +127,16 @@ fn check_output(run: &Run, input: &[u8]) {
     }
     let rest = out.len() - at;
     match &run.outcome {
-        Some(HandshakeOutcome::Transmission { export, no_zeroes }) => {
+        Some(HandshakeOutcome::Transmission {
+            export,
+            no_zeroes,
+            session,
+        }) => {
             assert!(*export < exports().len());
+            assert!(
+                !session.block_status || session.structured_replies,
+                "block status without structured replies"
+            );
             let export_name = rest > 0;
             if export_name {
                 assert_eq!(
@@ -176,6 +185,19 @@ pub fn info_payload(name: &str, infos: &[u16]) -> Vec<u8> {
     out
 }
 
+/// The payload of `NBD_OPT_LIST_META_CONTEXT`/`NBD_OPT_SET_META_CONTEXT`: the export's
+/// name, then the queries.
+pub fn meta_payload(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut out = (name.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for query in queries {
+        out.extend_from_slice(&(query.len() as u32).to_be_bytes());
+        out.extend_from_slice(query.as_bytes());
+    }
+    out
+}
+
 /// Client flags, then the options of a typical session.
 pub fn sessions() -> Vec<Vec<u8>> {
     let flags = (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)
@@ -197,7 +219,18 @@ pub fn sessions() -> Vec<Vec<u8>> {
             go("disk"),
         ],
         // An unsupported option first, then go to the default export.
-        vec![flags.clone(), option(NBD_OPT_STRUCTURED_REPLY, &[]), go("")],
+        vec![flags.clone(), option(NBD_OPT_STARTTLS, &[]), go("")],
+        // libnbd / qemu with block status: structured replies, base:allocation, go.
+        vec![
+            flags.clone(),
+            option(NBD_OPT_STRUCTURED_REPLY, &[]),
+            option(NBD_OPT_LIST_META_CONTEXT, &meta_payload("", &[])),
+            option(
+                NBD_OPT_SET_META_CONTEXT,
+                &meta_payload("", &["base:allocation"]),
+            ),
+            go(""),
+        ],
         // Old clients: EXPORT_NAME, with and without the 124 zero bytes.
         vec![flags.clone(), option(NBD_OPT_EXPORT_NAME, b"ro")],
         vec![fixed_only, option(NBD_OPT_EXPORT_NAME, b"disk")],

@@ -9,10 +9,10 @@
 //! limit (u32), all big-endian; missing bytes are zeros.
 
 use ssdcache_nbd::proto::{
-    simple_reply_header, validate_request, NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE,
-    NBD_FLAG_READ_ONLY, NBD_FLAG_SEND_CACHE, NBD_FLAG_SEND_FLUSH, NBD_FLAG_SEND_FUA,
-    NBD_FLAG_SEND_TRIM, NBD_FLAG_SEND_WRITE_ZEROES, NBD_REQUEST_MAGIC, NBD_SIMPLE_REPLY_MAGIC,
-    REQUEST_HEADER_LEN,
+    simple_reply_header, validate_request, Session, NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE,
+    NBD_CMD_FLAG_REQ_ONE, NBD_FLAG_READ_ONLY, NBD_FLAG_SEND_CACHE, NBD_FLAG_SEND_FLUSH,
+    NBD_FLAG_SEND_FUA, NBD_FLAG_SEND_TRIM, NBD_FLAG_SEND_WRITE_ZEROES, NBD_REQUEST_MAGIC,
+    NBD_SIMPLE_REPLY_MAGIC, REQUEST_HEADER_LEN,
 };
 use ssdcache_nbd::{Command, Errno, ExportInfo, ProtocolError, RequestHeader};
 
@@ -43,9 +43,31 @@ pub fn check(data: &[u8]) {
     assert_eq!(header.has_payload(), header.command == Command::Write);
 
     let (export, max_payload) = export_from(&input[REQUEST_HEADER_LEN..]);
-    let verdict = validate_request(&header, &export, max_payload);
+    let verdict = validate_request(&header, &export, max_payload, &Session::default());
     if verdict.is_ok() {
         check_accepted(&header, &export, max_payload);
+    }
+    // Negotiating block status changes the verdict of BLOCK_STATUS only.
+    let negotiated = Session {
+        structured_replies: true,
+        block_status: true,
+    };
+    let with_status = validate_request(&header, &export, max_payload, &negotiated);
+    if header.command == Command::BlockStatus {
+        assert_eq!(
+            verdict,
+            Err(Errno::Invalid),
+            "BLOCK_STATUS needs base:allocation"
+        );
+        if with_status.is_ok() {
+            assert!(header.length > 0, "a block status of nothing accepted");
+            check_accepted(&header, &export, max_payload);
+        }
+    } else {
+        assert_eq!(
+            with_status, verdict,
+            "{header:?}: the session changed the verdict"
+        );
     }
     check_reply(verdict.err(), header.cookie);
 }
@@ -77,6 +99,8 @@ fn check_accepted(header: &RequestHeader, export: &ExportInfo, max_payload: u32)
         Command::Trim => NBD_FLAG_SEND_TRIM,
         Command::Cache => NBD_FLAG_SEND_CACHE,
         Command::WriteZeroes => NBD_FLAG_SEND_WRITE_ZEROES,
+        // Offered with base:allocation, not by a transmission flag.
+        Command::BlockStatus => 0,
         Command::Unknown(value) => panic!("unknown command {value} accepted"),
     };
     assert_eq!(
@@ -90,6 +114,9 @@ fn check_accepted(header: &RequestHeader, export: &ExportInfo, max_payload: u32)
     }
     if header.command == Command::WriteZeroes {
         allowed |= NBD_CMD_FLAG_NO_HOLE;
+    }
+    if header.command == Command::BlockStatus {
+        allowed |= NBD_CMD_FLAG_REQ_ONE;
     }
     assert_eq!(
         header.flags & !allowed,
@@ -144,7 +171,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         (Command::WriteZeroes, NBD_CMD_FLAG_NO_HOLE, 8192, 4096),
         (Command::Cache, 0, 0, 65536),
         (Command::Disconnect, 0, 0, 0),
-        (Command::Unknown(7), 0, 0, 0),
+        (Command::BlockStatus, 0, 0, 4096),
     ];
     commands
         .into_iter()

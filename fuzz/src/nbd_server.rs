@@ -2,10 +2,13 @@
 //! fuzz input written into the other end as everything a client sends, then the server's
 //! whole answer read back. Checked: no panic; the connection ends within [`TIME_LIMIT`]; the
 //! answer is exactly what the protocol asks for: the handshake machine's output for the same
-//! bytes, then, in transmission, one simple reply per request in order (one reading thread and
+//! bytes, then, in transmission, one reply per request in order (one reading thread and
 //! one worker thread per connection make the order fixed: the export keeps every request in
-//! the slow lane), with the error `validate_request` gives or success, and
-//! for a successful READ the data a model of the export holds (writes, TRIM and WRITE_ZEROES
+//! the slow lane), with the error `validate_request` gives or success: simple replies, or when
+//! the handshake negotiated structured replies, one chunk for a READ or BLOCK_STATUS (an error
+//! chunk for a failure) and simple replies for the rest; for a successful READ the data a
+//! model of the export holds, for BLOCK_STATUS one data descriptor of the request's length
+//! (RAM exports cannot tell holes) (writes, TRIM and WRITE_ZEROES
 //! applied as the replies say); and the connection ends cleanly exactly when the client ended
 //! cleanly (`NBD_OPT_ABORT`, `NBD_CMD_DISC`, or EOF between requests).
 //!
@@ -14,7 +17,7 @@
 //!
 //! Public API used: `Server::new`, `Server::serve_stream`, `ServerConfig` (its `Default` plus
 //! `threads_per_connection`, `fast_threads_per_connection` and `max_request`), `ServerExport`, `Export`, `Handshake`,
-//! `RequestHeader::parse`, `validate_request`, `simple_reply_header`.
+//! `RequestHeader::parse`, `validate_request`, `ReplyHead`, `block_status_payload`.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::Shutdown;
@@ -24,7 +27,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use ssdcache_nbd::proto::{
-    simple_reply_header, validate_request, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
+    block_status_payload, validate_request, ReplyHead, Session, NBD_CMD_FLAG_NO_HOLE,
+    NBD_CMD_FLAG_REQ_ONE, REQUEST_HEADER_LEN,
 };
 use ssdcache_nbd::{
     CloseReason, Command, ConnectionError, Errno, Export, HandshakeOutcome, RequestHeader, Server,
@@ -191,8 +195,10 @@ pub struct Expected {
 fn expected_answer(input: &[u8]) -> Expected {
     let handshake = nbd_handshake::run(input, 0);
     let mut bytes = handshake.output;
-    let export = match handshake.outcome {
-        Some(HandshakeOutcome::Transmission { export, .. }) => export,
+    let (export, session) = match handshake.outcome {
+        Some(HandshakeOutcome::Transmission {
+            export, session, ..
+        }) => (export, session),
         Some(HandshakeOutcome::Closed(CloseReason::ClientAbort)) => {
             return Expected {
                 bytes,
@@ -206,13 +212,13 @@ fn expected_answer(input: &[u8]) -> Expected {
             }
         }
     };
-    let clean_end = transmission(&input[handshake.consumed..], export, &mut bytes);
+    let clean_end = transmission(&input[handshake.consumed..], export, session, &mut bytes);
     Expected { bytes, clean_end }
 }
 
 /// Appends the replies to the requests in `input` on export `export`; true if the requests
 /// end cleanly (EOF between requests, or `NBD_CMD_DISC`).
-fn transmission(mut input: &[u8], export: usize, out: &mut Vec<u8>) -> bool {
+fn transmission(mut input: &[u8], export: usize, session: Session, out: &mut Vec<u8>) -> bool {
     let info = &exports()[export];
     let max_payload = MAX_REQUEST.min(info.max_block);
     let mut disk = vec![0u8; info.size as usize];
@@ -239,12 +245,36 @@ fn transmission(mut input: &[u8], export: usize, out: &mut Vec<u8>) -> bool {
         }
         let (payload, rest) = rest.split_at(payload_len);
         input = rest;
-        let verdict = validate_request(&header, info, max_payload);
-        out.extend_from_slice(&simple_reply_header(verdict.err(), header.cookie));
-        if verdict.is_ok() {
-            apply(&header, payload, &mut disk, out);
+        let verdict = validate_request(&header, info, max_payload, &session);
+        let structured = session.structured_replies && header.command.replies_with_data();
+        match verdict {
+            Err(error) if structured => {
+                out.extend_from_slice(ReplyHead::error_chunk(error, header.cookie).as_bytes())
+            }
+            Err(error) => {
+                out.extend_from_slice(ReplyHead::simple(Some(error), header.cookie).as_bytes())
+            }
+            Ok(()) => {
+                reply_head(&header, structured, out);
+                apply(&header, payload, &mut disk, out);
+            }
         }
     }
+}
+
+/// The head of the reply to an accepted request.
+fn reply_head(header: &RequestHeader, structured: bool, out: &mut Vec<u8>) {
+    let head = match header.command {
+        Command::Read if structured => {
+            ReplyHead::read_data(header.cookie, header.offset, header.length)
+        }
+        Command::BlockStatus => {
+            let payload = block_status_payload([(header.length, false)].into_iter());
+            ReplyHead::block_status(header.cookie, payload.len())
+        }
+        _ => ReplyHead::simple(None, header.cookie),
+    };
+    out.extend_from_slice(head.as_bytes());
 }
 
 /// What an accepted request does to the model of the export, and the data a READ returns.
@@ -253,6 +283,9 @@ fn apply(header: &RequestHeader, payload: &[u8], disk: &mut [u8], out: &mut Vec<
     let range = || header.offset as usize..header.offset as usize + header.length as usize;
     match header.command {
         Command::Read => out.extend_from_slice(&disk[range()]),
+        Command::BlockStatus => {
+            out.extend_from_slice(&block_status_payload([(header.length, false)].into_iter()))
+        }
         Command::Write => disk[range()].copy_from_slice(payload),
         Command::Trim | Command::WriteZeroes => disk[range()].fill(0),
         Command::Flush | Command::Cache | Command::Disconnect | Command::Unknown(_) => {}
@@ -295,6 +328,8 @@ fn requests() -> Vec<u8> {
     request(Command::Cache, 0, 0, 8192, &[]);
     request(Command::Read, 0, 100, 512, &[]);
     request(Command::Read, 0, 0, 4096, &[]);
+    request(Command::BlockStatus, 0, 0, 65536, &[]);
+    request(Command::BlockStatus, NBD_CMD_FLAG_REQ_ONE, 100, 7, &[]);
     request(Command::Disconnect, 0, 0, 0, &[]);
     out
 }

@@ -132,6 +132,9 @@ impl Export for DeviceExport {
     ) -> Result<(), Errno> {
         self.0.write_zeroes(offset, length).map_err(io_errno)
     }
+    fn allocation(&self, offset: u64, length: u64) -> Result<Vec<ssdcache_nbd::Run>, Errno> {
+        self.0.allocation(offset, length, 256).map_err(io_errno)
+    }
     fn cache(&self, _offset: u64, _length: u64) -> Result<(), Errno> {
         Ok(())
     }

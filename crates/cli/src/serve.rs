@@ -528,6 +528,10 @@ impl Export for VolumeExport {
     fn cache(&self, offset: u64, length: u64) -> Result<(), Errno> {
         self.volume.prefetch(offset, length).map_err(errno)
     }
+    /// The backing device's holes, with dirty data in the cache counted as data.
+    fn allocation(&self, offset: u64, length: u64) -> Result<Vec<ssdcache_nbd::Run>, Errno> {
+        self.volume.allocation(offset, length).map_err(errno)
+    }
     /// Only with io_uring is a batch cheaper than its reads on separate workers.
     fn batches_reads(&self) -> bool {
         ssdcache_device::uring::io_uring_available()

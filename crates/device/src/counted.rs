@@ -48,6 +48,10 @@ impl BlockDevice for WriteCounted {
         Ok(())
     }
 
+    fn allocation(&self, offset: u64, len: u64, max_runs: usize) -> io::Result<Vec<crate::Run>> {
+        self.inner.allocation(offset, len, max_runs)
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.inner.flush()
     }

@@ -8,7 +8,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::aligned::{is_aligned, AlignedBuf};
-use crate::{BlockDevice, DeviceRead};
+use crate::{BlockDevice, DeviceRead, Run};
 
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKDISCARD: libc::c_ulong = 0x1277;
@@ -94,6 +94,24 @@ impl FileDevice {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// `lseek(2)` with `SEEK_DATA` or `SEEK_HOLE` from `offset`: where the next data or hole
+    /// begins; `None` when there is none (ENXIO: no data after `offset`).
+    fn seek(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+        let from = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: plain syscall on an fd we own. It moves the file position, which nothing
+        // here uses (every read and write names its offset).
+        let at = unsafe { libc::lseek(self.file.as_raw_fd(), from, whence) };
+        if at < 0 {
+            let error = io::Error::last_os_error();
+            return match error.raw_os_error() {
+                Some(libc::ENXIO) => Ok(None),
+                _ => Err(error),
+            };
+        }
+        Ok(Some(at as u64))
     }
 
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
@@ -183,6 +201,40 @@ impl BlockDevice for FileDevice {
         self.file.sync_data()
     }
 
+    /// Holes from `SEEK_DATA`/`SEEK_HOLE` (files on filesystems that track them; a block
+    /// device or a filesystem without them answers all data). A file system that cannot
+    /// seek so (EINVAL, EOPNOTSUPP) is all data too.
+    fn allocation(&self, offset: u64, len: u64, max_runs: usize) -> io::Result<Vec<Run>> {
+        let end = offset.saturating_add(len).min(self.size);
+        let mut runs: Vec<Run> = Vec::new();
+        let mut at = offset;
+        while at < end && runs.len() < max_runs.max(1) {
+            let data = match self.seek(at, libc::SEEK_DATA) {
+                Ok(data) => data.unwrap_or(end).min(end),
+                Err(e) if is_unsupported(&e) || e.raw_os_error() == Some(libc::EINVAL) => at,
+                Err(e) => return Err(e),
+            };
+            let (run_end, hole) = if data > at {
+                (data, true)
+            } else {
+                let hole = match self.seek(at, libc::SEEK_HOLE) {
+                    Ok(hole) => hole.unwrap_or(end),
+                    Err(e) if is_unsupported(&e) || e.raw_os_error() == Some(libc::EINVAL) => end,
+                    Err(e) => return Err(e),
+                };
+                // A hole must lie past `at` (it is data); else the file changed meanwhile:
+                // call the rest data, the safe answer.
+                (if hole > at { hole.min(end) } else { end }, false)
+            };
+            runs.push(Run {
+                len: run_end - at,
+                hole,
+            });
+            at = run_end;
+        }
+        Ok(runs)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<bool> {
         let result = if self.is_block {
             self.ioctl_range(BLKDISCARD, offset, len)
@@ -261,6 +313,61 @@ mod tests {
         dev.flush()?;
         let second = FileDevice::open(&path, opts);
         assert!(matches!(second, Err(e) if e.kind() == io::ErrorKind::WouldBlock));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod allocation_tests {
+    use super::*;
+
+    #[test]
+    fn a_sparse_file_reports_its_holes_and_data() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("sparse");
+        let file = File::create(&path)?;
+        file.set_len(4 << 20)?;
+        file.write_all_at(&[1u8; 4096], 1 << 20)?;
+        file.write_all_at(&[2u8; 8192], 3 << 20)?;
+        drop(file);
+        let opts = OpenOptions {
+            write: false,
+            direct: false,
+            lock: false,
+        };
+        let dev = FileDevice::open(&path, opts)?;
+        let runs = dev.allocation(0, 4 << 20, 64)?;
+        assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 4 << 20, "{runs:?}");
+        let at = |offset: u64| {
+            let mut start = 0;
+            runs.iter()
+                .find(|r| {
+                    start += r.len;
+                    offset < start
+                })
+                .map(|r| r.hole)
+        };
+        assert_eq!(at(1 << 20), Some(false), "written: data ({runs:?})");
+        assert_eq!(
+            at((3 << 20) + 4096),
+            Some(false),
+            "written: data ({runs:?})"
+        );
+        if at(0) == Some(true) {
+            // A filesystem that tracks holes: the unwritten start is one, and so is the end.
+            assert_eq!(at((4 << 20) - 1), Some(true), "{runs:?}");
+        }
+        let one = dev.allocation(0, 4 << 20, 1)?;
+        assert_eq!(one.len(), 1, "at most max_runs");
+        let tail = dev.allocation((3 << 20) + 4096, 100, 8)?;
+        assert_eq!(
+            tail,
+            [Run {
+                len: 100,
+                hole: false
+            }],
+            "a range inside data"
+        );
         Ok(())
     }
 }

@@ -47,6 +47,21 @@ pub trait BlockDevice: Send + Sync {
     fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
         None
     }
+    /// How `[offset, offset + len)` is allocated: consecutive runs from `offset`, at most
+    /// `max_runs` of them (they may cover less than `len` then). A hole reads as zeroes. The
+    /// default, for devices that cannot tell: all data (always a safe answer).
+    fn allocation(&self, offset: u64, len: u64, max_runs: usize) -> io::Result<Vec<Run>> {
+        let _ = (offset, max_runs);
+        Ok(vec![Run { len, hole: false }])
+    }
+}
+
+/// A run of bytes that are all allocated or all a hole ([`BlockDevice::allocation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub len: u64,
+    /// A hole: nothing allocated, reads as zeroes.
+    pub hole: bool,
 }
 
 /// One read of a batch ([`BlockDevice::read_many`]).

@@ -397,6 +397,15 @@ impl BlockDevice for HddDevice {
         self.inner.write_at(buf, offset)
     }
 
+    fn allocation(
+        &self,
+        offset: u64,
+        len: u64,
+        max_runs: usize,
+    ) -> io::Result<Vec<ssdcache_device::Run>> {
+        self.inner.allocation(offset, len, max_runs)
+    }
+
     fn flush(&self) -> io::Result<()> {
         let done = self.lock().sched.drain(self.now());
         self.sleep_until(done);

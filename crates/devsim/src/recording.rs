@@ -93,6 +93,15 @@ impl<D: ?Sized + BlockDevice> BlockDevice for RecordingDevice<D> {
         self.inner.write_at(buf, offset)
     }
 
+    fn allocation(
+        &self,
+        offset: u64,
+        len: u64,
+        max_runs: usize,
+    ) -> io::Result<Vec<ssdcache_device::Run>> {
+        self.inner.allocation(offset, len, max_runs)
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.record(Op::Flush);
         self.inner.flush()

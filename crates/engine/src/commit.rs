@@ -150,6 +150,15 @@ impl Backing {
         self.dev.read_at(buf, offset)
     }
 
+    pub fn allocation(
+        &self,
+        offset: u64,
+        len: u64,
+        max_runs: usize,
+    ) -> io::Result<Vec<ssdcache_device::Run>> {
+        self.dev.allocation(offset, len, max_runs)
+    }
+
     /// Runs a write-like operation and counts it once it returned, whatever the outcome: from
     /// then on the next flush covers it. Callers change the cache map only after this returns,
     /// so any commit that records the change also sees the count.

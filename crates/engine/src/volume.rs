@@ -22,6 +22,7 @@ use crate::sync::{Mutex, MutexGuard, RwLock};
 mod batch;
 mod partial;
 mod ring_hits;
+mod status;
 pub use batch::{BatchRead, HitPlan};
 use partial::{KeepHeld, Widened};
 pub use ring_hits::{RingEnd, RingHit, RingHits};

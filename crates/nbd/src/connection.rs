@@ -43,12 +43,13 @@ use crate::buffers::{ConnectionMemory, Lease};
 use crate::handshake::{CloseReason, Handshake, HandshakeOutcome};
 use crate::outbox::Outbox;
 use crate::proto::{
-    simple_reply_header, validate_request, Command, Errno, ProtocolError, RequestHeader,
-    NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, REQUEST_HEADER_LEN,
+    block_status_payload, validate_request, Command, Errno, ProtocolError, ReplyHead,
+    RequestHeader, Session, NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, NBD_CMD_FLAG_REQ_ONE,
+    REQUEST_HEADER_LEN,
 };
 use crate::server::{
     lock, BatchedRead, ExportTable, InBackend, Lane, NbdStream, Registration, RingReads, RingStart,
-    ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, REPLY_QUEUE, SLOW_LANE_QUEUE,
+    Run, ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, REPLY_QUEUE, SLOW_LANE_QUEUE,
 };
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
@@ -161,34 +162,34 @@ fn run<S: NbdStream>(
 ) -> Result<(), ConnectionError> {
     // One table for the handshake and the lookup of the export it chose.
     let exports = shared.exports();
-    let chosen = match start {
-        Start::Transmission { export: name } => exports
-            .list
-            .iter()
-            .find(|e| e.info.name == name)
-            .ok_or_else(|| ConnectionError::NoSuchExport {
-            peer: peer.to_owned(),
-            name,
-        })?,
+    let (export, session) = match start {
+        Start::Transmission { export: name } => {
+            let export = exports.list.iter().find(|e| e.info.name == name);
+            let export = export.ok_or_else(|| ConnectionError::NoSuchExport {
+                peer: peer.to_owned(),
+                name,
+            })?;
+            (export, Session::default())
+        }
         Start::Handshake => match drive_handshake(&mut stream, shared, &exports, peer)? {
             // The handshake chose from this very table.
-            Some(index) => &exports.list[index],
+            Some((index, session)) => (&exports.list[index], session),
             None => return Ok(()),
         },
     };
-    let export = chosen;
     if !registration.enter_export(export) {
         info!(%peer, export = %export.info.name, "export removed during the handshake; closing");
         return Ok(());
     }
-    debug!(%peer, export = %export.info.name, "entering transmission");
-    transmit(shared, stream, export, peer)
+    debug!(%peer, export = %export.info.name, ?session, "entering transmission");
+    transmit(shared, stream, export, session, peer)
 }
 
 fn transmit<S: NbdStream>(
     shared: &Shared,
     stream: S,
     export: &ServerExport,
+    session: Session,
     peer: &str,
 ) -> Result<(), ConnectionError> {
     let io_error = |context| move |source| ConnectionError::io(peer.to_owned(), context, source);
@@ -223,6 +224,7 @@ fn transmit<S: NbdStream>(
             broken: AtomicBool::new(false),
         }),
         export,
+        session,
         max_payload: config.max_request.min(export.info.max_block),
         shared,
         peer,
@@ -242,7 +244,7 @@ fn drive_handshake<S: NbdStream>(
     shared: &Shared,
     exports: &ExportTable,
     peer: &str,
-) -> Result<Option<usize>, ConnectionError> {
+) -> Result<Option<(usize, Session)>, ConnectionError> {
     let deadline = Instant::now() + shared.config.handshake_timeout;
     let mut machine = Handshake::new(Arc::clone(&exports.infos));
     let mut chunk = [0u8; 4096];
@@ -252,7 +254,9 @@ fn drive_handshake<S: NbdStream>(
             .write_all(&machine.take_output())
             .map_err(|source| ConnectionError::io(peer.to_owned(), "sending handshake", source))?;
         match machine.outcome() {
-            Some(HandshakeOutcome::Transmission { export, .. }) => return Ok(Some(*export)),
+            Some(HandshakeOutcome::Transmission {
+                export, session, ..
+            }) => return Ok(Some((*export, *session))),
             Some(HandshakeOutcome::Closed(CloseReason::ClientAbort)) => return Ok(None),
             Some(HandshakeOutcome::Closed(reason)) => {
                 return Err(handshake_error(peer, reason.clone()))
@@ -479,24 +483,64 @@ impl Reply<'_> {
     /// leases its buffer before it runs); it is never sent as a success without its data.
     fn error(&self) -> Option<Errno> {
         let header = &self.request.header;
+        let has_data = header.command.replies_with_data();
         match (self.outcome, &self.request.buffer) {
             (Err(errno), _) => Some(errno),
-            (Ok(()), None) if header.command == Command::Read && header.length > 0 => {
-                Some(Errno::Io)
-            }
+            (Ok(()), None) if has_data && header.length > 0 => Some(Errno::Io),
             (Ok(()), _) => None,
         }
     }
 
-    /// The data that follows the header: a successful READ's.
+    /// The data that follows the header: a successful READ's, or a BLOCK_STATUS chunk's
+    /// payload.
     fn data(&self) -> Option<&[u8]> {
-        let is_read = self.request.header.command == Command::Read;
-        if is_read && self.outcome.is_ok() {
+        if self.request.header.command.replies_with_data() && self.error().is_none() {
             self.request.buffer.as_deref()
         } else {
             None
         }
     }
+
+    /// The bytes before the data: a simple reply header, or with structured replies
+    /// negotiated, a READ's `OFFSET_DATA` chunk header (one chunk, the whole read), a block
+    /// status chunk header, or an error chunk for either (other commands keep simple
+    /// replies, as the spec allows).
+    fn head(&self, session: &Session) -> ReplyHead {
+        let header = &self.request.header;
+        let structured = session.structured_replies && header.command.replies_with_data();
+        match (structured, self.error()) {
+            (false, error) => ReplyHead::simple(error, header.cookie),
+            (true, Some(error)) => ReplyHead::error_chunk(error, header.cookie),
+            (true, None) if header.command == Command::Read => {
+                ReplyHead::read_data(header.cookie, header.offset, header.length)
+            }
+            (true, None) => {
+                ReplyHead::block_status(header.cookie, self.data().map_or(0, <[u8]>::len))
+            }
+        }
+    }
+}
+
+/// The payload of a block-status reply to a request of `length` bytes from the export's
+/// runs: at least one descriptor, none past `length` (the export promises so; checked here
+/// too, as a descriptor past the request would break the client), only the first with
+/// `req_one` (`NBD_CMD_FLAG_REQ_ONE`).
+fn block_status_of(runs: Vec<Run>, length: u64, req_one: bool) -> Result<Vec<u8>, Errno> {
+    let mut left = length;
+    let mut extents = Vec::with_capacity(runs.len().min(if req_one { 1 } else { usize::MAX }));
+    for run in runs.into_iter().filter(|r| r.len > 0) {
+        let len = run.len.min(left);
+        if len == 0 || (req_one && !extents.is_empty()) {
+            break;
+        }
+        // `length` came from the request's 32-bit field, so `len` fits.
+        extents.push((u32::try_from(len).map_err(|_| Errno::Invalid)?, run.hole));
+        left -= len;
+    }
+    if extents.is_empty() {
+        return Err(Errno::Io);
+    }
+    Ok(block_status_payload(extents.into_iter()))
 }
 
 /// Whether `buffered` starts with a whole READ request header. Gathering a batch reads
@@ -777,6 +821,8 @@ struct Connection<'a, S: NbdStream> {
     /// Fast READs in flight without a worker, if the export has them.
     ring: Option<RingLane<'a>>,
     export: &'a ServerExport,
+    /// What the handshake negotiated (structured replies, block status).
+    session: Session,
     max_payload: u32,
     shared: &'a Shared,
     peer: &'a str,
@@ -1296,8 +1342,9 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         if let Err(errno) = outcome {
             debug!(peer = %self.peer, header = ?request.header, %errno, "request failed");
         }
-        if request.header.command != Command::Read || outcome.is_err() {
-            // Only a READ's data goes out: other memory is free before the reply waits.
+        if !request.header.command.replies_with_data() || outcome.is_err() {
+            // Only a READ's data and a BLOCK_STATUS's payload go out: other memory is free
+            // before the reply waits.
             request.buffer = None;
         }
         self.outbox.push_all([Reply { request, outcome }])
@@ -1323,7 +1370,7 @@ impl<'a, S: NbdStream> Connection<'a, S> {
         }
         let mut request = Request {
             header,
-            verdict: validate_request(&header, &self.export.info, self.max_payload),
+            verdict: validate_request(&header, &self.export.info, self.max_payload, &self.session),
             buffer: None,
             _in_flight: InFlight::enter(self.activity),
         };
@@ -1475,6 +1522,17 @@ impl<'a, S: NbdStream> Connection<'a, S> {
                 })
             }
             Command::Cache => self.in_pieces(offset, length, false, |o, l, _| backend.cache(o, l)),
+            Command::BlockStatus => {
+                let one = header.flags & NBD_CMD_FLAG_REQ_ONE != 0;
+                let payload = {
+                    let _inside = self.shared.enter_backend()?;
+                    block_status_of(backend.allocation(offset, length)?, length, one)?
+                };
+                let mut lease = self.lease(payload.len())?;
+                lease.copy_from_slice(&payload);
+                request.buffer = Some(lease);
+                Ok(())
+            }
             // Validation rejects these; answering EINVAL keeps this total.
             Command::Disconnect | Command::Unknown(_) => Err(Errno::Invalid),
         }
@@ -1539,13 +1597,13 @@ impl<'a, S: NbdStream> Connection<'a, S> {
 
     /// Writes `replies` in one writev (as few as the socket takes) under the writer lock.
     fn send_replies(&self, replies: &[Reply<'_>]) -> Result<(), ConnectionError> {
-        let headers: Vec<_> = replies
+        let heads: Vec<_> = replies
             .iter()
-            .map(|reply| simple_reply_header(reply.error(), reply.request.header.cookie))
+            .map(|reply| reply.head(&self.session))
             .collect();
         let mut slices = Vec::with_capacity(2 * replies.len());
-        for (header, reply) in headers.iter().zip(replies) {
-            slices.push(IoSlice::new(header));
+        for (head, reply) in heads.iter().zip(replies) {
+            slices.push(IoSlice::new(head.as_bytes()));
             if let Some(data) = reply.data() {
                 slices.push(IoSlice::new(data));
             }

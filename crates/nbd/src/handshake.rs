@@ -64,8 +64,12 @@ impl fmt::Display for CloseReason {
 /// How the handshake ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandshakeOutcome {
-    /// Enter transmission on `exports[export]`.
-    Transmission { export: usize, no_zeroes: bool },
+    /// Enter transmission on `exports[export]`, with what `session` says was negotiated.
+    Transmission {
+        export: usize,
+        no_zeroes: bool,
+        session: Session,
+    },
     /// Close the connection (after sending any pending output).
     Closed(CloseReason),
 }
@@ -104,6 +108,11 @@ pub struct Handshake {
     pending: Vec<u8>,
     output: Vec<u8>,
     no_zeroes: bool,
+    /// `NBD_OPT_STRUCTURED_REPLY` was acknowledged.
+    structured_replies: bool,
+    /// The export for which the last `NBD_OPT_SET_META_CONTEXT` selected
+    /// `base:allocation`.
+    allocation_for: Option<usize>,
     outcome: Option<HandshakeOutcome>,
 }
 
@@ -120,6 +129,8 @@ impl Handshake {
             pending: Vec::new(),
             output,
             no_zeroes: false,
+            structured_replies: false,
+            allocation_for: None,
             outcome: None,
         }
     }
@@ -217,6 +228,10 @@ impl Handshake {
             }
             NBD_OPT_LIST => self.on_list(data),
             NBD_OPT_INFO | NBD_OPT_GO => self.on_info_or_go(option, data),
+            NBD_OPT_STRUCTURED_REPLY => self.on_structured_reply(data),
+            NBD_OPT_LIST_META_CONTEXT | NBD_OPT_SET_META_CONTEXT => {
+                self.on_meta_context(option, data)
+            }
             _ => {
                 let message = format!("option {option} is not supported");
                 self.reply(option, NBD_REP_ERR_UNSUP, message.as_bytes());
@@ -241,8 +256,71 @@ impl Handshake {
         self.outcome = Some(HandshakeOutcome::Transmission {
             export: index,
             no_zeroes: self.no_zeroes,
+            session: self.session_for(index),
         });
         Step::OptionHeader
+    }
+
+    /// What transmission on `exports[index]` may use.
+    fn session_for(&self, index: usize) -> Session {
+        Session {
+            structured_replies: self.structured_replies,
+            block_status: self.structured_replies && self.allocation_for == Some(index),
+        }
+    }
+
+    fn on_structured_reply(&mut self, data: &[u8]) {
+        if !data.is_empty() {
+            let message = "NBD_OPT_STRUCTURED_REPLY takes no data";
+            self.reply(
+                NBD_OPT_STRUCTURED_REPLY,
+                NBD_REP_ERR_INVALID,
+                message.as_bytes(),
+            );
+            return;
+        }
+        self.structured_replies = true;
+        self.reply(NBD_OPT_STRUCTURED_REPLY, NBD_REP_ACK, &[]);
+    }
+
+    /// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`: the one context
+    /// offered is `base:allocation`. A SET replaces the selection even when it fails.
+    fn on_meta_context(&mut self, option: u32, data: &[u8]) {
+        let set = option == NBD_OPT_SET_META_CONTEXT;
+        if set {
+            self.allocation_for = None;
+        }
+        if !self.structured_replies {
+            let message = "negotiate structured replies (NBD_OPT_STRUCTURED_REPLY) first";
+            self.reply(option, NBD_REP_ERR_INVALID, message.as_bytes());
+            return;
+        }
+        let Some(request) = parse_meta_request(data) else {
+            let message = "malformed metadata context request";
+            self.reply(option, NBD_REP_ERR_INVALID, message.as_bytes());
+            return;
+        };
+        let Some(index) = self.export_or_error(option, request.name) else {
+            return;
+        };
+        // LIST with no query lists everything; "base:" is LIST's wildcard for the namespace.
+        let matches =
+            |query: &[u8]| query == BASE_ALLOCATION.as_bytes() || (!set && query == b"base:");
+        let offered = if set {
+            request.queries.iter().any(|q| matches(q))
+        } else {
+            request.queries.is_empty() || request.queries.iter().any(|q| matches(q))
+        };
+        if offered {
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            let mut payload = id.to_be_bytes().to_vec();
+            payload.extend_from_slice(BASE_ALLOCATION.as_bytes());
+            self.reply(option, NBD_REP_META_CONTEXT, &payload);
+            if set {
+                self.allocation_for = Some(index);
+            }
+        }
+        self.reply(option, NBD_REP_ACK, &[]);
     }
 
     fn on_list(&mut self, data: &[u8]) {
@@ -268,10 +346,7 @@ impl Handshake {
             self.reply(option, NBD_REP_ERR_INVALID, message.as_bytes());
             return;
         };
-        let Some(index) = self.find_export(request.name) else {
-            let name = String::from_utf8_lossy(request.name);
-            let message = format!("unknown export {name:?}");
-            self.reply(option, NBD_REP_ERR_UNKNOWN, message.as_bytes());
+        let Some(index) = self.export_or_error(option, request.name) else {
             return;
         };
         self.send_export_infos(option, index, &request);
@@ -280,6 +355,7 @@ impl Handshake {
             self.outcome = Some(HandshakeOutcome::Transmission {
                 export: index,
                 no_zeroes: self.no_zeroes,
+                session: self.session_for(index),
             });
         }
     }
@@ -325,6 +401,16 @@ impl Handshake {
         self.output.extend_from_slice(payload);
     }
 
+    /// The export named `name`, or `None` after replying `NBD_REP_ERR_UNKNOWN` to `option`.
+    fn export_or_error(&mut self, option: u32, name: &[u8]) -> Option<usize> {
+        let index = self.find_export(name);
+        if index.is_none() {
+            let message = format!("unknown export {:?}", String::from_utf8_lossy(name));
+            self.reply(option, NBD_REP_ERR_UNKNOWN, message.as_bytes());
+        }
+        index
+    }
+
     /// The empty name is the default export: the first one.
     fn find_export(&self, name: &[u8]) -> Option<usize> {
         if name.is_empty() {
@@ -360,6 +446,31 @@ fn parse_info_request(data: &[u8]) -> Option<InfoRequest<'_>> {
         }
     }
     Some(request)
+}
+
+/// The parsed body of `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`.
+struct MetaRequest<'a> {
+    name: &'a [u8],
+    queries: Vec<&'a [u8]>,
+}
+
+/// Layout: u32 name length, name, u32 query count, then per query a u32 length and the
+/// query. Returns `None` unless the lengths add up exactly (the option's data is at most
+/// [`MAX_OPTION_LEN`] bytes, which bounds the queries).
+fn parse_meta_request(data: &[u8]) -> Option<MetaRequest<'_>> {
+    let name_len = usize::try_from(read_u32(data, 0)?).ok()?;
+    let name_end = 4usize.checked_add(name_len)?;
+    let name = data.get(4..name_end)?;
+    let count = read_u32(data, name_end)?;
+    let mut at = name_end + 4;
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = usize::try_from(read_u32(data, at)?).ok()?;
+        let end = (at + 4).checked_add(len)?;
+        queries.push(data.get(at + 4..end)?);
+        at = end;
+    }
+    (at == data.len()).then_some(MetaRequest { name, queries })
 }
 
 fn read_u16(data: &[u8], at: usize) -> Option<u16> {

@@ -13,8 +13,12 @@
 //! * [`proto`]: wire constants, request parsing, reply encoding and request
 //!   validation. Pure functions.
 //! * [`handshake`]: a sans-I/O fixed-newstyle handshake machine
-//!   (`EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`; everything else is
-//!   answered `NBD_REP_ERR_UNSUP`). Only simple replies are offered.
+//!   (`EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`,
+//!   `LIST_META_CONTEXT` and `SET_META_CONTEXT` with the one context
+//!   `base:allocation`; everything else is answered `NBD_REP_ERR_UNSUP`). With
+//!   structured replies a READ is answered by one `OFFSET_DATA` chunk (or an
+//!   error chunk) and `NBD_CMD_BLOCK_STATUS` by one `BLOCK_STATUS` chunk;
+//!   other commands keep simple replies, as the spec allows.
 //! * [`Server`]: threads and sockets around the two.
 //!
 //! # Thread model
@@ -59,6 +63,6 @@ pub use connection::ConnectionError;
 pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome};
 pub use proto::{transmission_flags, Command, Errno, ProtocolError, RequestHeader};
 pub use server::{
-    BatchedRead, Export, Lane, NbdStream, RingReads, RingStart, Server, ServerConfig, ServerError,
-    ServerExport, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
+    BatchedRead, Export, Lane, NbdStream, RingReads, RingStart, Run, Server, ServerConfig,
+    ServerError, ServerExport, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };

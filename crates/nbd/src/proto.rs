@@ -19,6 +19,8 @@ pub const NBD_REP_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const NBD_REQUEST_MAGIC: u32 = 0x2560_9513;
 /// Magic starting every simple reply.
 pub const NBD_SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+/// Magic starting every structured reply chunk.
+pub const NBD_STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 
 // ---- Handshake flags (server, 16 bits) and client flags (32 bits) --------
 
@@ -102,6 +104,25 @@ pub const NBD_CMD_FLAG_DF: u16 = 1 << 2;
 pub const NBD_CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const NBD_CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
+// ---- Structured replies and block status ---------------------------------
+
+/// The last chunk of a structured reply.
+pub const NBD_REPLY_FLAG_DONE: u16 = 1 << 0;
+pub const NBD_REPLY_TYPE_NONE: u16 = 0;
+pub const NBD_REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const NBD_REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+pub const NBD_REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const NBD_REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+pub const NBD_REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
+/// `base:allocation`: the extent is not allocated.
+pub const NBD_STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation`: the extent reads as zeroes.
+pub const NBD_STATE_ZERO: u32 = 1 << 1;
+/// The one metadata context this server offers.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Its id in `NBD_OPT_SET_META_CONTEXT` replies and block-status chunks.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+
 // ---- Error values --------------------------------------------------------
 
 pub const NBD_EPERM: u32 = 1;
@@ -117,6 +138,21 @@ pub const NBD_ESHUTDOWN: u32 = 108;
 pub const REQUEST_HEADER_LEN: usize = 28;
 /// Size of a simple reply header on the wire.
 pub const SIMPLE_REPLY_HEADER_LEN: usize = 16;
+/// Size of a structured reply chunk header on the wire.
+pub const STRUCTURED_REPLY_HEADER_LEN: usize = 20;
+/// Longest reply header this server writes before a reply's data: a structured
+/// `OFFSET_DATA` chunk header with its offset.
+pub const MAX_REPLY_HEAD_LEN: usize = STRUCTURED_REPLY_HEADER_LEN + 8;
+
+/// What the handshake negotiated for the transmission phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Session {
+    /// `NBD_OPT_STRUCTURED_REPLY` succeeded: READ replies are structured.
+    pub structured_replies: bool,
+    /// `base:allocation` was selected for the export in use: `NBD_CMD_BLOCK_STATUS` is
+    /// valid.
+    pub block_status: bool,
+}
 
 /// The usual transmission flags of an export served by this crate: every
 /// command the [`Export`](crate::Export) trait offers, plus multi-connection
@@ -199,8 +235,9 @@ pub enum Command {
     Trim,
     Cache,
     WriteZeroes,
-    /// Any type this server does not implement (including `BLOCK_STATUS`,
-    /// which needs structured replies).
+    /// Valid once `base:allocation` was negotiated ([`Session::block_status`]).
+    BlockStatus,
+    /// Any type this server does not implement.
     Unknown(u16),
 }
 
@@ -214,6 +251,7 @@ impl Command {
             NBD_CMD_TRIM => Command::Trim,
             NBD_CMD_CACHE => Command::Cache,
             NBD_CMD_WRITE_ZEROES => Command::WriteZeroes,
+            NBD_CMD_BLOCK_STATUS => Command::BlockStatus,
             other => Command::Unknown(other),
         }
     }
@@ -227,8 +265,15 @@ impl Command {
             Command::Trim => NBD_CMD_TRIM,
             Command::Cache => NBD_CMD_CACHE,
             Command::WriteZeroes => NBD_CMD_WRITE_ZEROES,
+            Command::BlockStatus => NBD_CMD_BLOCK_STATUS,
             Command::Unknown(other) => other,
         }
+    }
+
+    /// Commands whose successful reply carries data after its header: a READ's, a
+    /// BLOCK_STATUS chunk's payload.
+    pub const fn replies_with_data(self) -> bool {
+        matches!(self, Command::Read | Command::BlockStatus)
     }
 
     /// Commands that modify the export, refused on read-only exports.
@@ -309,6 +354,103 @@ pub fn simple_reply_header(error: Option<Errno>, cookie: u64) -> [u8; SIMPLE_REP
     out
 }
 
+/// A structured reply chunk header: `flags` (`NBD_REPLY_FLAG_*`), `reply_type`
+/// (`NBD_REPLY_TYPE_*`) and the length of the payload after it.
+pub fn structured_reply_header(
+    flags: u16,
+    reply_type: u16,
+    cookie: u64,
+    length: u32,
+) -> [u8; STRUCTURED_REPLY_HEADER_LEN] {
+    let mut out = [0u8; STRUCTURED_REPLY_HEADER_LEN];
+    out[0..4].copy_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out[4..6].copy_from_slice(&flags.to_be_bytes());
+    out[6..8].copy_from_slice(&reply_type.to_be_bytes());
+    out[8..16].copy_from_slice(&cookie.to_be_bytes());
+    out[16..20].copy_from_slice(&length.to_be_bytes());
+    out
+}
+
+/// The bytes a reply begins with, before its data (if any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyHead {
+    bytes: [u8; MAX_REPLY_HEAD_LEN],
+    len: usize,
+}
+
+impl ReplyHead {
+    fn new(parts: &[&[u8]]) -> ReplyHead {
+        let mut head = ReplyHead {
+            bytes: [0; MAX_REPLY_HEAD_LEN],
+            len: 0,
+        };
+        for part in parts {
+            head.bytes[head.len..head.len + part.len()].copy_from_slice(part);
+            head.len += part.len();
+        }
+        head
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// A simple reply header; `error` is `None` for success.
+    pub fn simple(error: Option<Errno>, cookie: u64) -> ReplyHead {
+        ReplyHead::new(&[&simple_reply_header(error, cookie)])
+    }
+
+    /// The one chunk of a successful structured READ reply: `length` bytes of data
+    /// read at `offset` follow it.
+    pub fn read_data(cookie: u64, offset: u64, length: u32) -> ReplyHead {
+        let payload = length.saturating_add(8);
+        let header = structured_reply_header(
+            NBD_REPLY_FLAG_DONE,
+            NBD_REPLY_TYPE_OFFSET_DATA,
+            cookie,
+            payload,
+        );
+        ReplyHead::new(&[&header, &offset.to_be_bytes()])
+    }
+
+    /// The one chunk of a failed structured reply: the error, no message.
+    pub fn error_chunk(error: Errno, cookie: u64) -> ReplyHead {
+        let header =
+            structured_reply_header(NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, cookie, 4 + 2);
+        ReplyHead::new(&[&header, &error.code().to_be_bytes(), &0u16.to_be_bytes()])
+    }
+
+    /// The one chunk of a block-status reply; its payload (`block_status_payload`)
+    /// follows it.
+    pub fn block_status(cookie: u64, payload_len: usize) -> ReplyHead {
+        let length = u32::try_from(payload_len).unwrap_or(u32::MAX);
+        let header = structured_reply_header(
+            NBD_REPLY_FLAG_DONE,
+            NBD_REPLY_TYPE_BLOCK_STATUS,
+            cookie,
+            length,
+        );
+        ReplyHead::new(&[&header])
+    }
+}
+
+/// The payload of a `base:allocation` block-status chunk: the context id, then one
+/// descriptor (length, flags) per extent. Holes read as zeroes here, so they carry
+/// both `NBD_STATE_HOLE` and `NBD_STATE_ZERO`.
+pub fn block_status_payload(extents: impl Iterator<Item = (u32, bool)>) -> Vec<u8> {
+    let mut out = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+    for (length, hole) in extents {
+        let flags = if hole {
+            NBD_STATE_HOLE | NBD_STATE_ZERO
+        } else {
+            0
+        };
+        out.extend_from_slice(&length.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+    }
+    out
+}
+
 /// Checks a request against the export before any backend call, returning the
 /// error the spec asks for. `max_payload` bounds READ and WRITE lengths (the
 /// requests that need a buffer); TRIM, WRITE_ZEROES and CACHE carry no data so
@@ -319,8 +461,9 @@ pub fn validate_request(
     request: &RequestHeader,
     export: &ExportInfo,
     max_payload: u32,
+    session: &Session,
 ) -> Result<(), Errno> {
-    check_command_advertised(request.command, export.flags)?;
+    check_command_advertised(request.command, export.flags, session)?;
     check_flags(request, export.flags)?;
     if request.command.modifies_data() && export.flags & NBD_FLAG_READ_ONLY != 0 {
         return Err(Errno::Perm);
@@ -331,13 +474,23 @@ pub fn validate_request(
         return Ok(());
     }
     check_length_limit(request, max_payload)?;
+    if request.command == Command::BlockStatus && request.length == 0 {
+        // Unspecified by the spec; a reply must describe at least one byte.
+        return Err(Errno::Invalid);
+    }
     check_alignment(request, export.min_block)?;
     check_bounds(request, export.size)
 }
 
-fn check_command_advertised(command: Command, export_flags: u16) -> Result<(), Errno> {
+fn check_command_advertised(
+    command: Command,
+    export_flags: u16,
+    session: &Session,
+) -> Result<(), Errno> {
     let required_flag = match command {
         Command::Read | Command::Write | Command::Disconnect => return Ok(()),
+        Command::BlockStatus if session.block_status => return Ok(()),
+        Command::BlockStatus => return Err(Errno::Invalid),
         Command::Flush => NBD_FLAG_SEND_FLUSH,
         Command::Trim => NBD_FLAG_SEND_TRIM,
         Command::Cache => NBD_FLAG_SEND_CACHE,
@@ -351,8 +504,8 @@ fn check_command_advertised(command: Command, export_flags: u16) -> Result<(), E
 }
 
 /// FUA is valid on every command once advertised; NO_HOLE only on
-/// WRITE_ZEROES. Everything else (DF, REQ_ONE, FAST_ZERO, unknown bits) needs
-/// features this server does not offer.
+/// WRITE_ZEROES; REQ_ONE only on BLOCK_STATUS. Everything else (DF, FAST_ZERO,
+/// unknown bits) needs features this server does not offer.
 fn check_flags(request: &RequestHeader, export_flags: u16) -> Result<(), Errno> {
     let mut allowed = 0;
     if export_flags & NBD_FLAG_SEND_FUA != 0 {
@@ -360,6 +513,9 @@ fn check_flags(request: &RequestHeader, export_flags: u16) -> Result<(), Errno> 
     }
     if request.command == Command::WriteZeroes {
         allowed |= NBD_CMD_FLAG_NO_HOLE;
+    }
+    if request.command == Command::BlockStatus {
+        allowed |= NBD_CMD_FLAG_REQ_ONE;
     }
     if request.flags & !allowed != 0 {
         return Err(Errno::Invalid);
@@ -497,12 +653,22 @@ mod tests {
             Command::WriteZeroes,
         ] {
             let req = request(command, NBD_CMD_FLAG_FUA, 4096, 8192);
-            assert_eq!(validate_request(&req, &info, LIMIT), Ok(()), "{command:?}");
+            assert_eq!(
+                validate_request(&req, &info, LIMIT, &Session::default()),
+                Ok(()),
+                "{command:?}"
+            );
         }
         let flush = request(Command::Flush, 0, 0, 0);
-        assert_eq!(validate_request(&flush, &info, LIMIT), Ok(()));
+        assert_eq!(
+            validate_request(&flush, &info, LIMIT, &Session::default()),
+            Ok(())
+        );
         let end = request(Command::Read, 0, (1 << 20) - 4096, 4096);
-        assert_eq!(validate_request(&end, &info, LIMIT), Ok(()));
+        assert_eq!(
+            validate_request(&end, &info, LIMIT, &Session::default()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -534,7 +700,7 @@ mod tests {
         ];
         for (req, expected) in cases {
             assert_eq!(
-                validate_request(&req, &info, LIMIT),
+                validate_request(&req, &info, LIMIT, &Session::default()),
                 Err(expected),
                 "{req:?}"
             );
@@ -546,9 +712,15 @@ mod tests {
         let info = export(transmission_flags(false));
         let offset = u64::MAX - 4095;
         let write = request(Command::Write, 0, offset, 8192);
-        assert_eq!(validate_request(&write, &info, LIMIT), Err(Errno::NoSpace));
+        assert_eq!(
+            validate_request(&write, &info, LIMIT, &Session::default()),
+            Err(Errno::NoSpace)
+        );
         let read = request(Command::Read, 0, offset, 8192);
-        assert_eq!(validate_request(&read, &info, LIMIT), Err(Errno::Invalid));
+        assert_eq!(
+            validate_request(&read, &info, LIMIT, &Session::default()),
+            Err(Errno::Invalid)
+        );
     }
 
     #[test]
@@ -561,10 +733,16 @@ mod tests {
             Command::WriteZeroes,
         ] {
             let req = request(command, 0, 0, 4096);
-            assert_eq!(validate_request(&req, &info, LIMIT), Err(Errno::Invalid));
+            assert_eq!(
+                validate_request(&req, &info, LIMIT, &Session::default()),
+                Err(Errno::Invalid)
+            );
         }
         let fua = request(Command::Write, NBD_CMD_FLAG_FUA, 0, 4096);
-        assert_eq!(validate_request(&fua, &info, LIMIT), Err(Errno::Invalid));
+        assert_eq!(
+            validate_request(&fua, &info, LIMIT, &Session::default()),
+            Err(Errno::Invalid)
+        );
     }
 
     #[test]
@@ -572,11 +750,17 @@ mod tests {
         let info = export(transmission_flags(true));
         for command in [Command::Write, Command::Trim, Command::WriteZeroes] {
             let req = request(command, 0, 0, 4096);
-            assert_eq!(validate_request(&req, &info, LIMIT), Err(Errno::Perm));
+            assert_eq!(
+                validate_request(&req, &info, LIMIT, &Session::default()),
+                Err(Errno::Perm)
+            );
         }
         for command in [Command::Read, Command::Cache, Command::Flush] {
             let req = request(command, 0, 0, 4096);
-            assert_eq!(validate_request(&req, &info, LIMIT), Ok(()));
+            assert_eq!(
+                validate_request(&req, &info, LIMIT, &Session::default()),
+                Ok(())
+            );
         }
     }
 
@@ -585,6 +769,9 @@ mod tests {
         let mut info = export(transmission_flags(false));
         info.size = 1 << 33;
         let trim = request(Command::Trim, 0, 0, u32::MAX - 4095);
-        assert_eq!(validate_request(&trim, &info, LIMIT), Ok(()));
+        assert_eq!(
+            validate_request(&trim, &info, LIMIT, &Session::default()),
+            Ok(())
+        );
     }
 }

@@ -19,6 +19,7 @@ use crate::buffers::{buffer_size, BufferPool};
 use crate::connection::{self, ConnectionError, Start};
 use crate::handshake::ExportInfo;
 use crate::proto::{Command, Errno};
+pub use ssdcache_device::Run;
 
 /// The storage behind one export. The server calls it from many threads at
 /// once. Buffers passed to `read` and `write` of 4096 bytes or more start on a 4096-byte boundary,
@@ -42,6 +43,18 @@ pub trait Export: Send + Sync {
     ) -> Result<(), Errno>;
     /// A prefetch hint.
     fn cache(&self, offset: u64, length: u64) -> Result<(), Errno>;
+
+    /// How `[offset, offset + length)` is allocated (NBD_CMD_BLOCK_STATUS, `base:allocation`):
+    /// consecutive runs from `offset`, at least one, covering at most `length` bytes (less is
+    /// fine: the client asks again from where they end). A hole must read as zeroes. The
+    /// default, for exports that cannot tell: all data.
+    fn allocation(&self, offset: u64, length: u64) -> Result<Vec<Run>, Errno> {
+        let _ = offset;
+        Ok(vec![Run {
+            len: length,
+            hole: false,
+        }])
+    }
 
     /// Which workers should run a READ or WRITE of `length` bytes at `offset` (other
     /// commands always take the slow lane). Called once per request, right after it is read

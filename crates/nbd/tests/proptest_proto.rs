@@ -111,7 +111,7 @@ proptest! {
         match RequestHeader::parse(&raw) {
             Ok(header) => {
                 prop_assert_eq!(header.encode(), raw);
-                let _ = validate_request(&header, &info, max_payload);
+                let _ = validate_request(&header, &info, max_payload, &Session::default());
             }
             Err(_) => prop_assert!(!force_magic),
         }

@@ -152,7 +152,8 @@ fn go_flow_enters_transmission() {
         handshake.outcome(),
         Some(&HandshakeOutcome::Transmission {
             export: 0,
-            no_zeroes: true
+            no_zeroes: true,
+            session: Session::default(),
         })
     );
     assert_eq!(handshake.bytes_needed(), 0);
@@ -205,7 +206,8 @@ fn info_then_go_reports_name_and_description() {
         handshake.outcome(),
         Some(&HandshakeOutcome::Transmission {
             export: 1,
-            no_zeroes: false
+            no_zeroes: false,
+            session: Session::default(),
         })
     );
 }
@@ -251,7 +253,8 @@ fn export_name_sends_padding_without_no_zeroes() {
         handshake.outcome(),
         Some(&HandshakeOutcome::Transmission {
             export: 1,
-            no_zeroes: false
+            no_zeroes: false,
+            session: Session::default(),
         })
     );
 }
@@ -267,7 +270,8 @@ fn export_name_omits_padding_with_no_zeroes() {
         handshake.outcome(),
         Some(&HandshakeOutcome::Transmission {
             export: 0,
-            no_zeroes: true
+            no_zeroes: true,
+            session: Session::default(),
         })
     );
 }
@@ -298,7 +302,8 @@ fn go_unknown_export_errors_then_continues() {
         handshake.outcome(),
         Some(&HandshakeOutcome::Transmission {
             export: 0,
-            no_zeroes: false
+            no_zeroes: false,
+            session: Session::default(),
         })
     );
 }
@@ -319,14 +324,7 @@ fn malformed_go_is_invalid_then_continues() {
 #[test]
 fn unsupported_options_error_then_continue() {
     let mut handshake = started(NBD_FLAG_C_FIXED_NEWSTYLE);
-    for opt in [
-        NBD_OPT_STARTTLS,
-        NBD_OPT_STRUCTURED_REPLY,
-        NBD_OPT_LIST_META_CONTEXT,
-        NBD_OPT_SET_META_CONTEXT,
-        NBD_OPT_EXTENDED_HEADERS,
-        0xdead_beef,
-    ] {
+    for opt in [NBD_OPT_STARTTLS, NBD_OPT_EXTENDED_HEADERS, 0xdead_beef] {
         let replies = send(&mut handshake, &option(opt, b"some data"));
         assert_eq!(replies.len(), 1);
         assert_eq!(replies[0].option, opt);
@@ -439,4 +437,176 @@ fn no_exports_means_empty_name_is_unknown() {
     assert_eq!(replies[0].reply_type, NBD_REP_ERR_UNKNOWN);
     let replies = send(&mut handshake, &option(NBD_OPT_LIST, &[]));
     assert_eq!(replies, vec![reply(NBD_OPT_LIST, NBD_REP_ACK, vec![])]);
+}
+
+fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut out = (name.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for query in queries {
+        out.extend_from_slice(&(query.len() as u32).to_be_bytes());
+        out.extend_from_slice(query.as_bytes());
+    }
+    out
+}
+
+fn context_payload(id: u32) -> Vec<u8> {
+    let mut out = id.to_be_bytes().to_vec();
+    out.extend_from_slice(BASE_ALLOCATION.as_bytes());
+    out
+}
+
+#[test]
+fn meta_contexts_need_structured_replies_first() {
+    let mut handshake = started(NBD_FLAG_C_FIXED_NEWSTYLE);
+    let set = option(
+        NBD_OPT_SET_META_CONTEXT,
+        &meta_data("cache", &[BASE_ALLOCATION]),
+    );
+    let replies = send(&mut handshake, &set);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].reply_type, NBD_REP_ERR_INVALID);
+    let replies = send(&mut handshake, &option(NBD_OPT_STRUCTURED_REPLY, b"x"));
+    assert_eq!(
+        replies[0].reply_type, NBD_REP_ERR_INVALID,
+        "the option takes no data"
+    );
+    send(
+        &mut handshake,
+        &option(NBD_OPT_GO, &info_data("cache", &[])),
+    );
+    assert_eq!(
+        handshake.outcome(),
+        Some(&HandshakeOutcome::Transmission {
+            export: 0,
+            no_zeroes: false,
+            session: Session::default(),
+        })
+    );
+}
+
+#[test]
+fn structured_replies_and_base_allocation_are_negotiated() {
+    let mut handshake = started(NBD_FLAG_C_FIXED_NEWSTYLE);
+    let replies = send(&mut handshake, &option(NBD_OPT_STRUCTURED_REPLY, &[]));
+    assert_eq!(
+        replies,
+        vec![reply(NBD_OPT_STRUCTURED_REPLY, NBD_REP_ACK, vec![])]
+    );
+    // LIST: no query lists everything, "base:" is the namespace's wildcard, other
+    // namespaces are ignored.
+    for queries in [
+        &[][..],
+        &["base:"][..],
+        &["qemu:dirty-bitmap:x", BASE_ALLOCATION][..],
+    ] {
+        let list = option(NBD_OPT_LIST_META_CONTEXT, &meta_data("cache", queries));
+        assert_eq!(
+            send(&mut handshake, &list),
+            vec![
+                reply(
+                    NBD_OPT_LIST_META_CONTEXT,
+                    NBD_REP_META_CONTEXT,
+                    context_payload(0)
+                ),
+                reply(NBD_OPT_LIST_META_CONTEXT, NBD_REP_ACK, vec![]),
+            ],
+            "{queries:?}"
+        );
+    }
+    let list = option(NBD_OPT_LIST_META_CONTEXT, &meta_data("cache", &["other:x"]));
+    assert_eq!(
+        send(&mut handshake, &list),
+        vec![reply(NBD_OPT_LIST_META_CONTEXT, NBD_REP_ACK, vec![])]
+    );
+    let unknown = option(
+        NBD_OPT_SET_META_CONTEXT,
+        &meta_data("nope", &[BASE_ALLOCATION]),
+    );
+    assert_eq!(
+        send(&mut handshake, &unknown)[0].reply_type,
+        NBD_REP_ERR_UNKNOWN
+    );
+    let mut malformed = meta_data("cache", &[BASE_ALLOCATION]);
+    malformed.push(0);
+    let malformed = option(NBD_OPT_SET_META_CONTEXT, &malformed);
+    assert_eq!(
+        send(&mut handshake, &malformed)[0].reply_type,
+        NBD_REP_ERR_INVALID
+    );
+    let set = option(
+        NBD_OPT_SET_META_CONTEXT,
+        &meta_data("cache", &[BASE_ALLOCATION]),
+    );
+    assert_eq!(
+        send(&mut handshake, &set),
+        vec![
+            reply(
+                NBD_OPT_SET_META_CONTEXT,
+                NBD_REP_META_CONTEXT,
+                context_payload(BASE_ALLOCATION_ID)
+            ),
+            reply(NBD_OPT_SET_META_CONTEXT, NBD_REP_ACK, vec![]),
+        ]
+    );
+    send(
+        &mut handshake,
+        &option(NBD_OPT_GO, &info_data("cache", &[])),
+    );
+    assert_eq!(
+        handshake.outcome(),
+        Some(&HandshakeOutcome::Transmission {
+            export: 0,
+            no_zeroes: false,
+            session: Session {
+                structured_replies: true,
+                block_status: true
+            },
+        })
+    );
+}
+
+#[test]
+fn block_status_is_for_the_export_it_was_selected_for() {
+    let mut handshake = started(NBD_FLAG_C_FIXED_NEWSTYLE);
+    send(&mut handshake, &option(NBD_OPT_STRUCTURED_REPLY, &[]));
+    let set = option(
+        NBD_OPT_SET_META_CONTEXT,
+        &meta_data("cache", &[BASE_ALLOCATION]),
+    );
+    send(&mut handshake, &set);
+    send(&mut handshake, &option(NBD_OPT_GO, &info_data("ro", &[])));
+    let expected = Session {
+        structured_replies: true,
+        block_status: false,
+    };
+    assert_eq!(
+        handshake.outcome(),
+        Some(&HandshakeOutcome::Transmission {
+            export: 1,
+            no_zeroes: false,
+            session: expected,
+        })
+    );
+    // A later SET that selects nothing (or fails) clears the selection.
+    let mut handshake = started(NBD_FLAG_C_FIXED_NEWSTYLE);
+    send(&mut handshake, &option(NBD_OPT_STRUCTURED_REPLY, &[]));
+    send(&mut handshake, &set);
+    let none = option(NBD_OPT_SET_META_CONTEXT, &meta_data("cache", &[]));
+    assert_eq!(
+        send(&mut handshake, &none),
+        vec![reply(NBD_OPT_SET_META_CONTEXT, NBD_REP_ACK, vec![])]
+    );
+    send(
+        &mut handshake,
+        &option(NBD_OPT_GO, &info_data("cache", &[])),
+    );
+    assert_eq!(
+        handshake.outcome(),
+        Some(&HandshakeOutcome::Transmission {
+            export: 0,
+            no_zeroes: false,
+            session: expected,
+        })
+    );
 }
