@@ -28,6 +28,8 @@ ORDER = [
     "ssdcache-lru",
     "ssdcache-crc128k",
     "ssdcache-metrics",
+    "ssdcache-proxy",
+    "ssdcache-proxy-tls",
     "ssdcache-t16",
     "nbdkit-none",
     "nbdkit-default",
@@ -412,6 +414,10 @@ def main():
     w("* **nbdkit memory**: nbdkit's `memory` plugin, the working set written into it once: the same client "
       "and socket with no disk and no file behind it, the NBD transport's ceiling on this machine (issue 11's "
       "reference).")
+    w("* **ssdcache through nbdkit's nbd plugin, plaintext / TLS** (issue 13): fio's nbd engine cannot "
+      "load TLS certificates, so both rows reach ssdcache (`serve --tls on`, x509 made with openssl) through "
+      "the same client-side proxy, `nbdkit nbd tls=off|require`: their ratio is what TLS costs on the hit "
+      "path; the proxy's own cost is in both.")
     w("* **fio direct**: fio on the cache file itself, `--ioengine=io_uring --direct=1`, same region: "
       "the device's limit with no NBD in between.")
     w("")
@@ -501,6 +507,12 @@ def main():
             facts.append(f"with `--metrics` scraped every second hits run at {r_m:.2f}× the default's IOPS "
                          f"(issue 12: within 3%: {verdict}), {fmt(metrics['server_cpu_s_per_m'], 1)} vs "
                          f"{fmt(ss['server_cpu_s_per_m'], 1)} server CPU s per M requests")
+        plain, tls = med.get("ssdcache-proxy"), med.get("ssdcache-proxy-tls")
+        if plain and tls:
+            facts.append(f"TLS on against off (through the same nbdkit nbd proxy) runs at "
+                         f"{ratio(tls['iops'], plain['iops']):.2f}× the IOPS, "
+                         f"{fmt(tls['server_cpu_s_per_m'], 1)} vs {fmt(plain['server_cpu_s_per_m'], 1)} "
+                         f"server CPU s per M requests")
         page = med.get(PAGE_CACHE)
         if page:
             facts.append(f"against nbdkit serving the file from the page cache ssdcache is at "

@@ -51,7 +51,7 @@ pub struct ServeArgs {
     /// Unix socket for NBD clients, mode 0600 [default: /run/ssdcache/VOLUME.sock as root]
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Also serve NBD over TCP on this address, e.g. 127.0.0.1:10809 (no TLS yet)
+    /// Also serve NBD over TCP on this address, e.g. 127.0.0.1:10809 (with --tls, over TLS)
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
     /// Control socket for `stats` and `info` [default: /run/ssdcache/CACHE-UUID.ctl as root]
@@ -169,6 +169,21 @@ pub struct ServeArgs {
     /// filesystem on it is idle and cannot reconnect by itself [default: 0]
     #[arg(long, value_name = "SECONDS", help_heading = "Limits")]
     idle_timeout: Option<u64>,
+    /// TLS for NBD clients (NBD_OPT_STARTTLS, x509 certificates from --tls-certificates):
+    /// `off`; `on`: a client may start TLS or stay in plaintext; `require`: no export is
+    /// reachable without TLS (a plaintext client is refused every option but STARTTLS).
+    /// Applies to the Unix socket and --listen alike [default: off]
+    #[arg(long, value_enum, value_name = "MODE", help_heading = "TLS")]
+    tls: Option<TlsMode>,
+    /// Directory of the server's x509 credentials, laid out as nbdkit and qemu lay them out:
+    /// server-cert.pem (the certificate, then its chain), server-key.pem (its private key),
+    /// and for --tls-verify-peer ca-cert.pem (the CAs client certificates must chain to).
+    /// PSK is not offered: rustls has no pre-shared-key support
+    #[arg(long, value_name = "DIR", help_heading = "TLS")]
+    tls_certificates: Option<PathBuf>,
+    /// Refuse TLS clients without a certificate signed by a CA of ca-cert.pem
+    #[arg(long, help_heading = "TLS")]
+    tls_verify_peer: bool,
     /// On SIGTERM or SIGINT, wait this many seconds for requests in flight to finish and be
     /// answered, then close every client socket; a second signal stops waiting at once. The
     /// cache map is written unless a request is stuck inside a device (then the journal is
@@ -209,6 +224,48 @@ struct Settings {
     limits: Limits,
 }
 
+/// `--tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+/// TLS from flags and the config file: `None` when off. Bad combinations are bad usage;
+/// unreadable or unusable credentials are errors naming the file.
+fn tls_settings(args: &ServeArgs, file: &FileConfig) -> Result<Option<ssdcache_nbd::TlsConfig>> {
+    let mode = args.tls.or(file.tls).unwrap_or(TlsMode::Off);
+    let dir = args
+        .tls_certificates
+        .clone()
+        .or(file.tls_certificates.clone());
+    let verify_peer = args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false);
+    let dir =
+        match (mode, dir) {
+            (TlsMode::Off, None) if !verify_peer => return Ok(None),
+            (TlsMode::Off, _) => {
+                return Err(usage_error(
+                    "--tls-certificates and --tls-verify-peer need --tls on or --tls require",
+                ))
+            }
+            (_, None) => return Err(usage_error(
+                "--tls on/require needs --tls-certificates DIR (server-cert.pem, server-key.pem)",
+            )),
+            (_, Some(dir)) => dir,
+        };
+    let config =
+        ssdcache_nbd::TlsConfig::from_certificates_dir(&dir, verify_peer, mode == TlsMode::Require)
+            .with_context(|| {
+                format!(
+                    "cannot set up TLS from --tls-certificates {}",
+                    dir.display()
+                )
+            })?;
+    Ok(Some(config))
+}
+
 /// The NBD server's limits and the bound of a stop (docs/design.md §6.1, §6.2).
 struct Limits {
     server: ServerConfig,
@@ -228,7 +285,8 @@ fn settings(args: ServeArgs) -> Result<Settings> {
             "--threads {threads} is out of range (1 to 256)"
         )));
     }
-    let limits = limit_settings(&args, &file, threads)?;
+    let mut limits = limit_settings(&args, &file, threads)?;
+    limits.server.tls = tls_settings(&args, &file)?;
     let Some(cache) = args.cache.or(file.cache) else {
         return Err(usage_error(
             "no cache given: use --cache PATH or `cache = \"PATH\"` in the config file",
@@ -1113,6 +1171,9 @@ impl Endpoints {
         };
         files.0.push(nbd.1.clone());
         let tcp = s.listen.as_deref().map(listen_tcp).transpose()?;
+        if let Some(listener) = &tcp {
+            warn_if_exposed(listener, s.limits.server.tls.as_ref());
+        }
         let metrics = s.metrics.as_deref().map(crate::metrics::bind).transpose()?;
         let default_control = control::default_path(&sb.cache_uuid);
         let control = match &s.control {
@@ -1151,6 +1212,18 @@ impl Endpoints {
 }
 
 /// Listens on TCP `addr`; an address that is not HOST:PORT is bad usage.
+/// A TCP listener beyond loopback without `--tls require` lets anyone who reaches it read and
+/// write the volumes: said once, at start.
+fn warn_if_exposed(listener: &TcpListener, tls: Option<&ssdcache_nbd::TlsConfig>) {
+    let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
+    if !loopback && !tls.is_some_and(|t| t.required) {
+        tracing::warn!(
+            "NBD over TCP beyond loopback without --tls require: anyone who can reach it can \
+             read and write the volumes in plaintext"
+        );
+    }
+}
+
 fn listen_tcp(addr: &str) -> Result<TcpListener> {
     let well_formed = addr
         .rsplit_once(':')

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use crate::buffers::{ConnectionMemory, Lease};
-use crate::handshake::{CloseReason, Handshake, HandshakeOutcome};
+use crate::handshake::{CloseReason, Handshake, HandshakeOutcome, TlsPolicy};
 use crate::outbox::Outbox;
 use crate::proto::{
     block_status_payload, validate_request, Command, Errno, ProtocolError, ReplyHead,
@@ -51,6 +51,7 @@ use crate::server::{
     lock, BatchedRead, ExportTable, InBackend, Lane, NbdStream, Registration, RingReads, RingStart,
     Run, ServerExport, Shared, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, REPLY_QUEUE, SLOW_LANE_QUEUE,
 };
+use crate::tls;
 
 /// Read-ahead buffer: big enough to pick up many pipelined request headers
 /// (and small writes) per syscall.
@@ -155,28 +156,80 @@ pub(crate) fn serve<S: NbdStream>(
 
 fn run<S: NbdStream>(
     shared: &Shared,
-    mut stream: S,
+    stream: S,
     start: Start,
     peer: &str,
     registration: &Registration,
 ) -> Result<(), ConnectionError> {
     // One table for the handshake and the lookup of the export it chose.
     let exports = shared.exports();
-    let (export, session) = match start {
-        Start::Transmission { export: name } => {
-            let export = exports.list.iter().find(|e| e.info.name == name);
-            let export = export.ok_or_else(|| ConnectionError::NoSuchExport {
-                peer: peer.to_owned(),
-                name,
-            })?;
-            (export, Session::default())
-        }
-        Start::Handshake => match drive_handshake(&mut stream, shared, &exports, peer)? {
-            // The handshake chose from this very table.
-            Some((index, session)) => (&exports.list[index], session),
-            None => return Ok(()),
-        },
+    let name = match start {
+        Start::Transmission { export } => export,
+        Start::Handshake => return negotiate(shared, stream, &exports, peer, registration),
     };
+    let export = exports.list.iter().find(|e| e.info.name == name);
+    let export = export.ok_or_else(|| ConnectionError::NoSuchExport {
+        peer: peer.to_owned(),
+        name,
+    })?;
+    enter_transmission(
+        shared,
+        stream,
+        export,
+        Session::default(),
+        peer,
+        registration,
+    )
+}
+
+/// Runs the handshake, over TLS from STARTTLS on, then the transmission phase on the export
+/// it chose (from this very table).
+fn negotiate<S: NbdStream>(
+    shared: &Shared,
+    mut stream: S,
+    exports: &ExportTable,
+    peer: &str,
+    registration: &Registration,
+) -> Result<(), ConnectionError> {
+    let deadline = Instant::now() + shared.config.handshake_timeout;
+    let tls = shared.config.tls.as_ref();
+    let policy = match tls {
+        None => TlsPolicy::Off,
+        Some(tls) if tls.required => TlsPolicy::Required,
+        Some(_) => TlsPolicy::Offered,
+    };
+    let mut machine = Handshake::with_tls(Arc::clone(&exports.infos), policy);
+    let chosen = drive_handshake(&mut stream, &mut machine, deadline, peer)?;
+    let (Some(tls), true) = (tls, machine.wants_tls()) else {
+        return match chosen {
+            Some((index, session)) => {
+                let export = &exports.list[index];
+                enter_transmission(shared, stream, export, session, peer, registration)
+            }
+            None => Ok(()),
+        };
+    };
+    let mut plain = tls::start(stream, &tls.server, peer)
+        .map_err(|source| ConnectionError::io(peer.to_owned(), "starting TLS", source))?;
+    machine.tls_started();
+    let peer = &format!("{peer} (TLS)");
+    match drive_handshake(&mut plain, &mut machine, deadline, peer)? {
+        Some((index, session)) => {
+            let export = &exports.list[index];
+            enter_transmission(shared, plain, export, session, peer, registration)
+        }
+        None => Ok(()),
+    }
+}
+
+fn enter_transmission<S: NbdStream>(
+    shared: &Shared,
+    stream: S,
+    export: &ServerExport,
+    session: Session,
+    peer: &str,
+    registration: &Registration,
+) -> Result<(), ConnectionError> {
     if !registration.enter_export(export) {
         info!(%peer, export = %export.info.name, "export removed during the handshake; closing");
         return Ok(());
@@ -237,16 +290,15 @@ fn transmit<S: NbdStream>(
 }
 
 /// Runs the sans-I/O handshake over the socket. Reads exactly what the
-/// machine needs so no transmission bytes are swallowed. Returns the chosen
-/// export, or `None` after a client abort.
+/// machine needs so no transmission bytes (or TLS records) are swallowed. Returns the chosen
+/// export, or `None` after a client abort or once STARTTLS was acknowledged
+/// ([`Handshake::wants_tls`]).
 fn drive_handshake<S: NbdStream>(
     stream: &mut S,
-    shared: &Shared,
-    exports: &ExportTable,
+    machine: &mut Handshake,
+    deadline: Instant,
     peer: &str,
 ) -> Result<Option<(usize, Session)>, ConnectionError> {
-    let deadline = Instant::now() + shared.config.handshake_timeout;
-    let mut machine = Handshake::new(Arc::clone(&exports.infos));
     let mut chunk = [0u8; 4096];
     loop {
         set_remaining_timeout(stream, deadline, peer)?;
@@ -261,6 +313,7 @@ fn drive_handshake<S: NbdStream>(
             Some(HandshakeOutcome::Closed(reason)) => {
                 return Err(handshake_error(peer, reason.clone()))
             }
+            None if machine.wants_tls() => return Ok(None),
             None => {}
         }
         let wanted = machine.bytes_needed().min(chunk.len());

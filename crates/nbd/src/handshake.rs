@@ -43,6 +43,19 @@ pub struct ExportInfo {
     pub max_block: u32,
 }
 
+/// Whether a server offers TLS (`NBD_OPT_STARTTLS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// STARTTLS is answered `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// Clients may start TLS or stay in plaintext.
+    Offered,
+    /// Every option but STARTTLS and ABORT is refused (`NBD_REP_ERR_TLS_REQD`) until TLS
+    /// runs; `NBD_OPT_EXPORT_NAME` closes the connection.
+    Required,
+}
+
 /// Why the handshake ended without entering transmission.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloseReason {
@@ -113,6 +126,11 @@ pub struct Handshake {
     /// The export for which the last `NBD_OPT_SET_META_CONTEXT` selected
     /// `base:allocation`.
     allocation_for: Option<usize>,
+    tls: TlsPolicy,
+    /// STARTTLS was acknowledged: the driver must start TLS before feeding more.
+    starting_tls: bool,
+    /// TLS runs: the rest of the handshake came through it.
+    tls_active: bool,
     outcome: Option<HandshakeOutcome>,
 }
 
@@ -131,8 +149,35 @@ impl Handshake {
             no_zeroes: false,
             structured_replies: false,
             allocation_for: None,
+            tls: TlsPolicy::Off,
+            starting_tls: false,
+            tls_active: false,
             outcome: None,
         }
+    }
+
+    /// A handshake on a server whose TLS is `tls`.
+    pub fn with_tls(exports: impl Into<Arc<[ExportInfo]>>, tls: TlsPolicy) -> Handshake {
+        Handshake {
+            tls,
+            ..Handshake::new(exports)
+        }
+    }
+
+    /// True once STARTTLS was acknowledged (send the output first): the driver runs the TLS
+    /// handshake on the socket, calls [`Handshake::tls_started`], and feeds what comes
+    /// through TLS from then on. [`Handshake::feed`] takes nothing meanwhile.
+    pub fn wants_tls(&self) -> bool {
+        self.starting_tls
+    }
+
+    /// TLS runs: negotiation goes on through it. What was negotiated before it (structured
+    /// replies, metadata contexts) is forgotten, as the spec requires.
+    pub fn tls_started(&mut self) {
+        self.starting_tls = false;
+        self.tls_active = true;
+        self.structured_replies = false;
+        self.allocation_for = None;
     }
 
     /// Consumes client bytes and returns how many were used. Bytes after the
@@ -140,7 +185,7 @@ impl Handshake {
     /// transmission phase.
     pub fn feed(&mut self, mut input: &[u8]) -> usize {
         let mut consumed = 0;
-        while self.outcome.is_none() && !input.is_empty() {
+        while self.outcome.is_none() && !self.starting_tls && !input.is_empty() {
             let missing = self.step.bytes_needed() - self.pending.len();
             let take = missing.min(input.len());
             self.pending.extend_from_slice(&input[..take]);
@@ -153,7 +198,7 @@ impl Handshake {
 
     /// Bytes the current step still needs; 0 once the handshake is over.
     pub fn bytes_needed(&self) -> usize {
-        if self.outcome.is_some() {
+        if self.outcome.is_some() || self.starting_tls {
             return 0;
         }
         self.step.bytes_needed() - self.pending.len()
@@ -172,7 +217,10 @@ impl Handshake {
     /// Runs every step whose bytes are all there. Zero-length option data is
     /// complete as soon as its header is, hence the loop.
     fn advance_if_complete(&mut self) {
-        while self.outcome.is_none() && self.pending.len() == self.step.bytes_needed() {
+        while self.outcome.is_none()
+            && !self.starting_tls
+            && self.pending.len() == self.step.bytes_needed()
+        {
             let data = std::mem::take(&mut self.pending);
             self.step = match self.step {
                 Step::ClientFlags => self.on_client_flags(&data),
@@ -220,6 +268,9 @@ impl Handshake {
     }
 
     fn on_option(&mut self, option: u32, data: &[u8]) -> Step {
+        if self.tls == TlsPolicy::Required && !self.tls_active {
+            return self.refuse_before_tls(option, data);
+        }
         match option {
             NBD_OPT_EXPORT_NAME => return self.on_export_name(data),
             NBD_OPT_ABORT => {
@@ -229,6 +280,7 @@ impl Handshake {
             NBD_OPT_LIST => self.on_list(data),
             NBD_OPT_INFO | NBD_OPT_GO => self.on_info_or_go(option, data),
             NBD_OPT_STRUCTURED_REPLY => self.on_structured_reply(data),
+            NBD_OPT_STARTTLS if self.tls != TlsPolicy::Off => self.on_starttls(data),
             NBD_OPT_LIST_META_CONTEXT | NBD_OPT_SET_META_CONTEXT => {
                 self.on_meta_context(option, data)
             }
@@ -238,6 +290,43 @@ impl Handshake {
             }
         }
         Step::OptionHeader
+    }
+
+    /// With TLS required and not running: only STARTTLS and ABORT are served.
+    fn refuse_before_tls(&mut self, option: u32, data: &[u8]) -> Step {
+        match option {
+            NBD_OPT_STARTTLS => self.on_starttls(data),
+            NBD_OPT_ABORT => {
+                self.reply(option, NBD_REP_ACK, &[]);
+                return self.close(CloseReason::ClientAbort);
+            }
+            NBD_OPT_EXPORT_NAME => {
+                let message = "TLS is required (NBD_OPT_STARTTLS) before NBD_OPT_EXPORT_NAME";
+                return self.close(CloseReason::Protocol(message.into()));
+            }
+            _ => {
+                let message = "TLS is required: send NBD_OPT_STARTTLS first";
+                self.reply(option, NBD_REP_ERR_TLS_REQD, message.as_bytes());
+            }
+        }
+        Step::OptionHeader
+    }
+
+    fn on_starttls(&mut self, data: &[u8]) {
+        let refusal = if !data.is_empty() {
+            Some("NBD_OPT_STARTTLS takes no data")
+        } else if self.tls_active {
+            Some("TLS is already running")
+        } else {
+            None
+        };
+        match refusal {
+            Some(message) => self.reply(NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID, message.as_bytes()),
+            None => {
+                self.reply(NBD_OPT_STARTTLS, NBD_REP_ACK, &[]);
+                self.starting_tls = true;
+            }
+        }
     }
 
     fn on_export_name(&mut self, name: &[u8]) -> Step {

@@ -19,6 +19,8 @@
 //!   structured replies a READ is answered by one `OFFSET_DATA` chunk (or an
 //!   error chunk) and `NBD_CMD_BLOCK_STATUS` by one `BLOCK_STATUS` chunk;
 //!   other commands keep simple replies, as the spec allows.
+//! * [`tls`]: `NBD_OPT_STARTTLS` through rustls: a pump thread per TLS connection
+//!   between the client's socket and a socket pair the rest of the server uses.
 //! * [`Server`]: threads and sockets around the two.
 //!
 //! # Thread model
@@ -57,12 +59,14 @@ pub mod handshake;
 mod outbox;
 pub mod proto;
 mod server;
+pub mod tls;
 
 pub use buffers::{KEEP_BYTES, KEEP_MAX_BUFFER};
 pub use connection::ConnectionError;
-pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome};
+pub use handshake::{CloseReason, ExportInfo, Handshake, HandshakeOutcome, TlsPolicy};
 pub use proto::{transmission_flags, Command, Errno, ProtocolError, RequestHeader};
 pub use server::{
     BatchedRead, Export, Lane, NbdStream, RingReads, RingStart, Run, Server, ServerConfig,
     ServerError, ServerExport, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };
+pub use tls::TlsConfig;

@@ -19,6 +19,7 @@ use crate::buffers::{buffer_size, BufferPool};
 use crate::connection::{self, ConnectionError, Start};
 use crate::handshake::ExportInfo;
 use crate::proto::{Command, Errno};
+use crate::tls::TlsConfig;
 pub use ssdcache_device::Run;
 
 /// The storage behind one export. The server calls it from many threads at
@@ -216,6 +217,8 @@ pub struct ServerConfig {
     /// the filesystem on it is idle (hours), and cannot reconnect by itself: closing it would
     /// fail the device. An idle connection holds no request buffers.
     pub idle_timeout: Option<Duration>,
+    /// TLS (`NBD_OPT_STARTTLS`, [`crate::tls`]); `None`: plaintext only.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -231,6 +234,7 @@ impl Default for ServerConfig {
             buffer_wait: Duration::from_secs(30),
             io_timeout: Duration::from_secs(30),
             idle_timeout: None,
+            tls: None,
         }
     }
 }
@@ -251,7 +255,7 @@ pub enum ServerError {
 
 /// A connected, bidirectional byte stream the server can speak NBD over.
 /// Implemented for [`UnixStream`] and [`TcpStream`].
-pub trait NbdStream: Read + Write + Send + Sync + Sized + 'static {
+pub trait NbdStream: Read + Write + AsRawFd + Send + Sync + Sized + 'static {
     /// Another handle to the same socket (used to read, write and shut down
     /// from different threads).
     fn try_clone_stream(&self) -> io::Result<Self>;

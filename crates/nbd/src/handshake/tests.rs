@@ -610,3 +610,99 @@ fn block_status_is_for_the_export_it_was_selected_for() {
         })
     );
 }
+
+#[test]
+fn starttls_is_unsupported_without_tls() {
+    let mut handshake = started(NBD_FLAG_C_FIXED_NEWSTYLE);
+    let replies = send(&mut handshake, &option(NBD_OPT_STARTTLS, &[]));
+    assert_eq!(replies[0].reply_type, NBD_REP_ERR_UNSUP);
+    assert!(!handshake.wants_tls());
+}
+
+/// A handshake with TLS `policy`, past the greeting and the client flags.
+fn started_with_tls(policy: TlsPolicy) -> Handshake {
+    let mut handshake = Handshake::with_tls(exports(), policy);
+    handshake.take_output();
+    handshake.feed(&client_flags(NBD_FLAG_C_FIXED_NEWSTYLE));
+    handshake
+}
+
+#[test]
+fn starttls_stops_feeding_until_tls_runs_and_forgets_what_came_before() {
+    let mut handshake = started_with_tls(TlsPolicy::Offered);
+    send(&mut handshake, &option(NBD_OPT_STRUCTURED_REPLY, &[]));
+    // STARTTLS with a ClientHello right behind it: the hello is not consumed.
+    let mut bytes = option(NBD_OPT_STARTTLS, &[]);
+    let starttls_len = bytes.len();
+    bytes.extend_from_slice(&[0x16, 0x03, 0x01, 0x00, 0x05]);
+    let consumed = handshake.feed(&bytes);
+    assert_eq!(consumed, starttls_len, "nothing after STARTTLS is taken");
+    assert_eq!(
+        parse_replies(&handshake.take_output()),
+        vec![reply(NBD_OPT_STARTTLS, NBD_REP_ACK, vec![])]
+    );
+    assert!(handshake.wants_tls());
+    assert_eq!(handshake.bytes_needed(), 0);
+    assert_eq!(handshake.feed(&option(NBD_OPT_LIST, &[])), 0);
+    handshake.tls_started();
+    assert!(!handshake.wants_tls());
+    // A second STARTTLS is invalid; the structured replies negotiated before are forgotten.
+    let replies = send(&mut handshake, &option(NBD_OPT_STARTTLS, &[]));
+    assert_eq!(replies[0].reply_type, NBD_REP_ERR_INVALID);
+    send(
+        &mut handshake,
+        &option(NBD_OPT_GO, &info_data("cache", &[])),
+    );
+    assert_eq!(
+        handshake.outcome(),
+        Some(&HandshakeOutcome::Transmission {
+            export: 0,
+            no_zeroes: false,
+            session: Session::default(),
+        })
+    );
+}
+
+#[test]
+fn required_tls_refuses_everything_but_starttls_and_abort() {
+    let mut handshake = started_with_tls(TlsPolicy::Required);
+    for opt in [
+        NBD_OPT_LIST,
+        NBD_OPT_INFO,
+        NBD_OPT_GO,
+        NBD_OPT_STRUCTURED_REPLY,
+        0xdead,
+    ] {
+        let replies = send(&mut handshake, &option(opt, &info_data("cache", &[])));
+        assert_eq!(replies.len(), 1, "{opt}");
+        assert_eq!(replies[0].reply_type, NBD_REP_ERR_TLS_REQD, "{opt}");
+        assert_eq!(handshake.outcome(), None);
+    }
+    let replies = send(&mut handshake, &option(NBD_OPT_STARTTLS, b"junk"));
+    assert_eq!(
+        replies[0].reply_type, NBD_REP_ERR_INVALID,
+        "STARTTLS takes no data"
+    );
+    send(&mut handshake, &option(NBD_OPT_STARTTLS, &[]));
+    assert!(handshake.wants_tls());
+    handshake.tls_started();
+    send(&mut handshake, &option(NBD_OPT_GO, &info_data("ro", &[])));
+    assert!(matches!(
+        handshake.outcome(),
+        Some(HandshakeOutcome::Transmission { export: 1, .. })
+    ));
+
+    // EXPORT_NAME cannot be refused with a reply: the connection is closed.
+    let mut handshake = started_with_tls(TlsPolicy::Required);
+    send(&mut handshake, &option(NBD_OPT_EXPORT_NAME, b"cache"));
+    assert!(matches!(
+        handshake.outcome(),
+        Some(HandshakeOutcome::Closed(CloseReason::Protocol(_)))
+    ));
+    let mut handshake = started_with_tls(TlsPolicy::Required);
+    send(&mut handshake, &option(NBD_OPT_ABORT, &[]));
+    assert_eq!(
+        handshake.outcome(),
+        Some(&HandshakeOutcome::Closed(CloseReason::ClientAbort))
+    );
+}

@@ -1,0 +1,373 @@
+//! NBD over TLS (`NBD_OPT_STARTTLS`, issue 13 item 4), with rustls.
+//!
+//! Once the handshake acknowledged `NBD_OPT_STARTTLS`, the client's socket goes to a *pump*
+//! thread (`nbd-tls`, one per TLS connection, so at most `max_connections` of them) that runs
+//! the TLS session and moves plaintext to and from one end of a Unix socket pair; the rest of
+//! the handshake and the whole transmission phase run over the other end exactly as over a
+//! plain socket, with their timeouts, buffers and threads unchanged. So TLS adds one thread,
+//! two copies and the encryption to each byte; nothing in the protocol code knows about it.
+//!
+//! Bounds: the pump reads at most [`PLAIN_CHUNK`] bytes from either side before it has
+//! passed them on, and holds at most [`MAX_PENDING`] decrypted bytes the plain side has not
+//! taken yet (rustls holds at most its default buffer limit of unsent records); when a side
+//! does not take what the pump has for it, the pump stops reading the other side, so the
+//! client or the connection's own write timeout sees the back-pressure. The pump ends when
+//! either side is closed or fails; closing its end of the pair then ends the connection.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConnection;
+use tracing::{debug, warn};
+
+use crate::server::NbdStream;
+
+/// Largest read from either side in one go.
+pub const PLAIN_CHUNK: usize = 64 << 10;
+/// Most decrypted bytes waiting for the plain side before the pump stops reading the client.
+pub const MAX_PENDING: usize = 256 << 10;
+
+/// TLS for a server's connections.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// Certificates, key and client verification (`rustls::ServerConfig`).
+    pub server: Arc<rustls::ServerConfig>,
+    /// Refuse every option but `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` before TLS
+    /// (`NBD_REP_ERR_TLS_REQD`): no export is reachable in plaintext.
+    pub required: bool,
+}
+
+/// Equal when they share one rustls configuration (it has no equality of its own).
+impl PartialEq for TlsConfig {
+    fn eq(&self, other: &TlsConfig) -> bool {
+        Arc::ptr_eq(&self.server, &other.server) && self.required == other.required
+    }
+}
+
+impl Eq for TlsConfig {}
+
+/// Starts the TLS session on `net` (the handshake acknowledged STARTTLS) and returns the
+/// plaintext end: the NBD handshake goes on over it.
+pub(crate) fn start<S: NbdStream>(
+    net: S,
+    config: &Arc<rustls::ServerConfig>,
+    peer: &str,
+) -> io::Result<UnixStream> {
+    let session = ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+    let (plain, inner) = UnixStream::pair()?;
+    let peer = peer.to_owned();
+    thread::Builder::new()
+        .name("nbd-tls".into())
+        .spawn(move || {
+            match Pump::new(net, session, inner).and_then(Pump::run) {
+                // A refused certificate, a bad record: what an operator needs to see.
+                Err(error) if error.kind() == ErrorKind::InvalidData => {
+                    warn!(%peer, %error, "TLS session failed");
+                }
+                Err(error) => debug!(%peer, %error, "TLS session ended"),
+                Ok(()) => {}
+            }
+        })?;
+    Ok(plain)
+}
+
+/// Bytes read from one side, not yet written to the other.
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    sent: usize,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.sent == self.bytes.len()
+    }
+
+    fn len(&self) -> usize {
+        self.bytes.len() - self.sent
+    }
+
+    /// Writes what it can to `to` without blocking (a write of 0 bytes: no room now, as
+    /// rustls's writer says when its buffer limit is reached).
+    fn flush_to(&mut self, to: &mut impl Write) -> io::Result<()> {
+        while !self.is_empty() {
+            match to.write(&self.bytes[self.sent..]) {
+                Ok(0) => return Ok(()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.bytes.clear();
+        self.sent = 0;
+        Ok(())
+    }
+}
+
+struct Pump<S> {
+    net: S,
+    session: ServerConnection,
+    plain: UnixStream,
+    /// Decrypted, for the plain side.
+    to_plain: Pending,
+    /// From the plain side, not yet taken by rustls (its buffer limit).
+    to_session: Pending,
+    net_closed: bool,
+    plain_closed: bool,
+    chunk: Vec<u8>,
+}
+
+impl<S: NbdStream> Pump<S> {
+    fn new(net: S, session: ServerConnection, plain: UnixStream) -> io::Result<Pump<S>> {
+        set_nonblocking(net.as_raw_fd())?;
+        plain.set_nonblocking(true)?;
+        Ok(Pump {
+            net,
+            session,
+            plain,
+            to_plain: Pending::default(),
+            to_session: Pending::default(),
+            net_closed: false,
+            plain_closed: false,
+            chunk: vec![0; PLAIN_CHUNK],
+        })
+    }
+
+    fn run(mut self) -> io::Result<()> {
+        loop {
+            self.flush()?;
+            if self.finished() {
+                return Ok(());
+            }
+            let (net_ready, plain_ready) = self.wait()?;
+            if net_ready {
+                self.read_net()?;
+            }
+            if plain_ready {
+                self.read_plain()?;
+            }
+        }
+    }
+
+    /// Passes on everything either side can take now.
+    fn flush(&mut self) -> io::Result<()> {
+        while self.session.wants_write() {
+            match self.session.write_tls(&mut self.net) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.to_plain.flush_to(&mut self.plain)?;
+        if self.net_closed && self.to_plain.is_empty() {
+            // The client is gone and everything it sent was delivered: the connection reads
+            // EOF and ends.
+            let _ = self.plain.shutdown(std::net::Shutdown::Write);
+        }
+        if !self.to_session.is_empty() {
+            self.to_session.flush_to(&mut self.session.writer())?;
+        }
+        Ok(())
+    }
+
+    fn finished(&self) -> bool {
+        let net_done = self.net_closed && self.to_plain.is_empty();
+        let plain_done = self.plain_closed && !self.session.wants_write();
+        net_done && self.plain_closed || plain_done
+    }
+
+    /// Waits until a side has something for the pump or room for what it holds; which sides
+    /// to read.
+    fn wait(&self) -> io::Result<(bool, bool)> {
+        let read_net = !self.net_closed && self.to_plain.len() < MAX_PENDING;
+        let read_plain = !self.plain_closed && self.to_session.is_empty();
+        let mut fds = [
+            poll_fd(self.net.as_raw_fd(), read_net, self.session.wants_write()),
+            poll_fd(
+                self.plain.as_raw_fd(),
+                read_plain,
+                !self.to_plain.is_empty(),
+            ),
+        ];
+        loop {
+            // SAFETY: `fds` is a valid array of two pollfd structs for the whole call.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if rc >= 0 {
+                break;
+            }
+            let error = io::Error::last_os_error();
+            if error.kind() != ErrorKind::Interrupted {
+                return Err(error);
+            }
+        }
+        let hung_up = libc::POLLHUP | libc::POLLERR;
+        if fds[1].revents & hung_up != 0 && fds[1].revents & libc::POLLIN == 0 {
+            // The connection closed its end: nothing more will be read or written there.
+            return Err(io::Error::new(
+                ErrorKind::BrokenPipe,
+                "the connection ended",
+            ));
+        }
+        let net_ready = fds[0].revents & (libc::POLLIN | hung_up) != 0 && read_net;
+        let plain_ready = fds[1].revents & (libc::POLLIN | hung_up) != 0 && read_plain;
+        Ok((net_ready, plain_ready))
+    }
+
+    /// Reads TLS records from the client and decrypts them.
+    fn read_net(&mut self) -> io::Result<()> {
+        match self.session.read_tls(&mut self.net) {
+            Ok(0) => self.net_closed = true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e),
+        }
+        if let Err(error) = self.session.process_new_packets() {
+            // Send the alert rustls queued (a bad certificate, a bad record), then end.
+            let _ = self.session.write_tls(&mut self.net);
+            return Err(io::Error::new(ErrorKind::InvalidData, error));
+        }
+        loop {
+            match self.session.reader().read(&mut self.chunk) {
+                Ok(0) => {
+                    self.net_closed = true;
+                    return Ok(());
+                }
+                Ok(n) => self.to_plain.bytes.extend_from_slice(&self.chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads plaintext the connection wrote and hands it to rustls.
+    fn read_plain(&mut self) -> io::Result<()> {
+        match self.plain.read(&mut self.chunk) {
+            Ok(0) => {
+                self.plain_closed = true;
+                self.session.send_close_notify();
+            }
+            Ok(n) => {
+                self.to_session.bytes.extend_from_slice(&self.chunk[..n]);
+                self.to_session.flush_to(&mut self.session.writer())?;
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
+fn poll_fd(fd: RawFd, read: bool, write: bool) -> libc::pollfd {
+    let mut events = 0;
+    if read {
+        events |= libc::POLLIN;
+    }
+    if write {
+        events |= libc::POLLOUT;
+    }
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor the pump owns (through its stream) for its whole life.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Why the TLS configuration cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("cannot read {path}: {reason} (a PEM file; see docs/operations.md, \"TLS\")")]
+    File { path: PathBuf, reason: String },
+    #[error("{path} holds no certificate (a PEM file starting with -----BEGIN CERTIFICATE-----)")]
+    NoCertificate { path: PathBuf },
+    #[error("the TLS configuration is not usable: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("the client verifier cannot use {path}: {reason}")]
+    Verifier { path: PathBuf, reason: String },
+}
+
+/// The files of a certificates directory, named as nbdkit and qemu name them.
+pub const SERVER_CERT: &str = "server-cert.pem";
+pub const SERVER_KEY: &str = "server-key.pem";
+pub const CA_CERT: &str = "ca-cert.pem";
+
+impl TlsConfig {
+    /// TLS with x509 certificates from `dir`: `server-cert.pem` (the server's certificate,
+    /// then its chain) and `server-key.pem`; with `verify_peer`, clients must present a
+    /// certificate signed by a CA of `ca-cert.pem`.
+    pub fn from_certificates_dir(
+        dir: &Path,
+        verify_peer: bool,
+        required: bool,
+    ) -> Result<TlsConfig, TlsSetupError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs = certificates(&dir.join(SERVER_CERT))?;
+        let key_path = dir.join(SERVER_KEY);
+        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| TlsSetupError::File {
+            path: key_path,
+            reason: e.to_string(),
+        })?;
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()?;
+        let builder = if verify_peer {
+            let ca_path = dir.join(CA_CERT);
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in certificates(&ca_path)? {
+                roots.add(cert)?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(|e| TlsSetupError::Verifier {
+                        path: ca_path,
+                        reason: e.to_string(),
+                    })?;
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let server = builder.with_single_cert(certs, key)?;
+        Ok(TlsConfig {
+            server: Arc::new(server),
+            required,
+        })
+    }
+}
+
+/// Every certificate of a PEM file; at least one.
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+    let failed = |e: rustls::pki_types::pem::Error| TlsSetupError::File {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(failed)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(failed)?;
+    if certs.is_empty() {
+        return Err(TlsSetupError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
