@@ -265,6 +265,7 @@ fn transmission(mut input: &[u8], export: usize, session: Session, out: &mut Vec
 /// The head of the reply to an accepted request.
 fn reply_head(header: &RequestHeader, structured: bool, out: &mut Vec<u8>) {
     let head = match header.command {
+        Command::Read if structured && header.length == 0 => ReplyHead::none(header.cookie),
         Command::Read if structured => {
             ReplyHead::read_data(header.cookie, header.offset, header.length)
         }

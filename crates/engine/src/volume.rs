@@ -704,7 +704,7 @@ impl Volume {
         }
         let hit = match Widened::of(offset, length) {
             Some(_) => self.read_partial(offset, buf)?,
-            None => self.read_sectors(offset, buf)?,
+            None => self.read_sectors(offset, buf, None)?,
         };
         self.count(
             if hit {
@@ -718,14 +718,16 @@ impl Volume {
     }
 
     /// Reads whole sectors; true for a hit (every sector was in the cache). The caller counts
-    /// the hit or miss.
-    fn read_sectors(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
+    /// the hit or miss. `bypass`: the stream detector's verdict on the request this is a
+    /// piece of (`partial.rs`), which asked it once for the whole request; `None`: this is the
+    /// request, ask it here.
+    fn read_sectors(&self, offset: u64, buf: &mut [u8], bypass: Option<bool>) -> Result<bool> {
         let length = buf.len() as u64;
         if self.mode() == CacheMode::PassThrough && !self.has_dirty() {
             return self.read_backing(buf, offset).map(|()| false);
         }
         let held = self.lock_for_read(offset, length);
-        let bypass = self.stream_bypass(offset, length);
+        let bypass = bypass.unwrap_or_else(|| self.stream_bypass(offset, length));
         if bypass && !self.all_cached(offset, length) {
             // A stream reads on from the backing device in one piece: serving the cached parts
             // from the cache would break the disk's streaming into seeks. Dirty sectors are
@@ -1424,11 +1426,28 @@ impl Volume {
         if Widened::of(offset, length).is_some() {
             return self.write_partial(offset, data, fua);
         }
-        self.write_sectors(offset, data, fua)
+        let bypass = self.write_bypasses(offset, length);
+        let hit = self.write_sectors(offset, data, fua, bypass)?;
+        self.count_write_hit(hit);
+        Ok(())
     }
 
-    /// Writes whole sectors, the mode gate held by the caller.
-    fn write_sectors(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+    /// The stream detector's verdict on a write request (asked once per request).
+    fn write_bypasses(&self, offset: u64, length: u64) -> bool {
+        self.mode() != CacheMode::PassThrough && self.stream_bypass(offset, length)
+    }
+
+    /// One write hit per request that put data into a cached line.
+    fn count_write_hit(&self, hit: bool) {
+        if hit {
+            self.count(Counter::WriteHits, 1);
+        }
+    }
+
+    /// Writes whole sectors of a request whose stream verdict is `bypass`, the mode gate held
+    /// by the caller; true when data went into a cached line (a write hit, counted by the
+    /// caller once per request).
+    fn write_sectors(&self, offset: u64, data: &[u8], fua: bool, bypass: bool) -> Result<bool> {
         let length = data.len() as u64;
         let held = if self.mode() == CacheMode::WriteBack {
             // Into the cache, most of them: no wait for the disk.
@@ -1436,21 +1455,21 @@ impl Volume {
         } else {
             self.lock_when_disk_idle(offset, length)
         };
-        self.write_held(offset, data, fua, held, KeepHeld::WhenDirty)
+        self.write_held(offset, data, fua, (held, KeepHeld::WhenDirty), bypass)
     }
 
-    /// Writes whole sectors whose lines `held` holds, the mode gate held by the caller.
+    /// Writes whole sectors whose lines `held` holds, the mode gate held by the caller;
+    /// `bypass`: the request's stream verdict. True for a write hit.
     fn write_held(
         &self,
         offset: u64,
         data: &[u8],
         fua: bool,
-        held: RangeGuard<'_>,
-        keep: KeepHeld,
-    ) -> Result<()> {
+        (held, keep): (RangeGuard<'_>, KeepHeld),
+        bypass: bool,
+    ) -> Result<bool> {
         let length = data.len() as u64;
         let mode = self.mode();
-        let bypass = mode != CacheMode::PassThrough && self.stream_bypass(offset, length);
         if bypass {
             self.count(Counter::BytesBypassed, length);
         }
@@ -1461,28 +1480,30 @@ impl Volume {
             && !self.lines_hold_dirty_data(offset, length);
         match mode {
             CacheMode::WriteThrough if !bypass && self.state() == VolumeState::Healthy => {
-                if unheld {
-                    self.write_through_unheld(offset, data, fua, held)?;
+                let hit = if unheld {
+                    self.write_through_unheld(offset, data, fua, held)?
                 } else {
-                    self.write_through(offset, data, fua)?;
+                    let hit = self.write_through(offset, data, fua)?;
                     drop(held);
-                }
+                    hit
+                };
                 if fua && self.needs_commit() {
                     // The write may have superseded dirty sectors (while a mode change drains
                     // them): the journal must say so before the write counts as durable, or
                     // recovery would bring the old data back.
                     self.commit()?;
                 }
-                Ok(())
+                Ok(hit)
             }
             CacheMode::WriteBack if !bypass && self.caches_writes_back() => {
-                self.write_back(offset, data)?;
+                let hit = self.write_back(offset, data)?;
                 drop(held);
                 if fua {
-                    self.commit()
+                    self.commit()?;
                 } else {
-                    self.commit_if_batch_full()
+                    self.commit_if_batch_full()?;
                 }
+                Ok(hit)
             }
             _ => {
                 if unheld {
@@ -1496,7 +1517,7 @@ impl Volume {
                     // the write counts as durable, or recovery would bring the old data back.
                     self.commit()?;
                 }
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -1639,7 +1660,7 @@ impl Volume {
         data: &[u8],
         fua: bool,
         held: RangeGuard<'_>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let length = data.len() as u64;
         let (in_flight, fill) = self.backing().begin_write_through(offset, length);
         self.invalidate(offset, length)?;
@@ -1654,13 +1675,14 @@ impl Volume {
             return Err(e);
         }
         if may_fill && self.state() == VolumeState::Healthy {
-            self.cache_written_through(offset, data)?;
+            return self.cache_written_through(offset, data);
         }
-        Ok(())
+        Ok(false)
     }
 
-    /// Backing first (the cache never holds the only copy), then the cache.
-    fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+    /// Backing first (the cache never holds the only copy), then the cache. True for a write
+    /// hit.
+    fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<bool> {
         if let Err(e) = self.write_backing(data, offset, fua) {
             // The backing contents of the range are now unknown: the cache must not claim them.
             self.invalidate_clean(offset, data.len() as u64)?;
@@ -1670,8 +1692,8 @@ impl Volume {
     }
 
     /// Puts data just written through to the backing device in the cache, line by line as
-    /// admission lets it.
-    fn cache_written_through(&self, offset: u64, data: &[u8]) -> Result<()> {
+    /// admission lets it; true when a line was cached already (a write hit).
+    fn cache_written_through(&self, offset: u64, data: &[u8]) -> Result<bool> {
         let mut hit = false;
         for seg in self.segments(offset, data.len() as u64) {
             // A line not admitted stays out of the cache: the write went around it (the line
@@ -1680,10 +1702,7 @@ impl Volume {
                 hit |= self.put_written_through(&seg, &data[seg.buf_at..seg.buf_at + seg.len])?;
             }
         }
-        if hit {
-            self.count(Counter::WriteHits, 1);
-        }
-        Ok(())
+        Ok(hit)
     }
 
     /// Into the cache only, marked dirty; the cleaner writes it back later. A segment whose
@@ -1695,7 +1714,7 @@ impl Volume {
     /// that reads as zeroes but whose recorded checksum says otherwise is taken for a lost
     /// cache region (docs/design.md §4.8), so a zero sector must never be written in place
     /// of dirty data the journal may still name.
-    fn write_back(&self, offset: u64, data: &[u8]) -> Result<()> {
+    fn write_back(&self, offset: u64, data: &[u8]) -> Result<bool> {
         let mut hit = false;
         let now = self.core.now_secs();
         for seg in self.segments(offset, data.len() as u64) {
@@ -1712,10 +1731,7 @@ impl Volume {
                 }
             }
         }
-        if hit {
-            self.count(Counter::WriteHits, 1);
-        }
-        Ok(())
+        Ok(hit)
     }
 
     /// After a write-back write, its lines released: when the changes waiting for a commit fill

@@ -132,7 +132,8 @@ fn scattered_dirty_sectors_in_a_hole_are_each_reported() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = sparse_cache(dir.path(), CacheMode::WriteBack);
     let vol = cache.volumes()[0].clone();
-    let written: Vec<u64> = (0..40u64)
+    // More dirty ranges than one answer can show (256 runs): answers end early, never wrong.
+    let written: Vec<u64> = (0..600u64)
         .map(|i| 2 * MIB + i * 3 * 4096 + (i % 3) * 512)
         .collect();
     for (i, &at) in written.iter().enumerate() {
@@ -169,7 +170,7 @@ fn scattered_dirty_sectors_in_a_hole_are_each_reported() {
         .map(|(_, r)| r.len)
         .sum();
     assert!(
-        holes >= SIZE - 2 * MIB,
+        holes >= SIZE - 4 * MIB,
         "most of the volume is a hole: {holes}"
     );
 }

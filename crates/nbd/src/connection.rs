@@ -209,7 +209,7 @@ fn negotiate<S: NbdStream>(
             None => Ok(()),
         };
     };
-    let mut plain = tls::start(stream, &tls.server, peer)
+    let mut plain = tls::start(stream, &tls.server, shared.config.io_timeout, peer)
         .map_err(|source| ConnectionError::io(peer.to_owned(), "starting TLS", source))?;
     machine.tls_started();
     let peer = &format!("{peer} (TLS)");
@@ -564,6 +564,11 @@ impl Reply<'_> {
         match (structured, self.error()) {
             (false, error) => ReplyHead::simple(error, header.cookie),
             (true, Some(error)) => ReplyHead::error_chunk(error, header.cookie),
+            // A data chunk must carry at least one byte (review 45): an empty read ends with
+            // the NONE chunk.
+            (true, None) if header.command == Command::Read && header.length == 0 => {
+                ReplyHead::none(header.cookie)
+            }
             (true, None) if header.command == Command::Read => {
                 ReplyHead::read_data(header.cookie, header.offset, header.length)
             }

@@ -131,6 +131,8 @@ pub struct Handshake {
     starting_tls: bool,
     /// TLS runs: the rest of the handshake came through it.
     tls_active: bool,
+    /// The client set `NBD_FLAG_C_FIXED_NEWSTYLE`: without it the spec allows no TLS.
+    fixed_newstyle: bool,
     outcome: Option<HandshakeOutcome>,
 }
 
@@ -152,6 +154,7 @@ impl Handshake {
             tls: TlsPolicy::Off,
             starting_tls: false,
             tls_active: false,
+            fixed_newstyle: false,
             outcome: None,
         }
     }
@@ -247,6 +250,7 @@ impl Handshake {
         // A client without FIXED_NEWSTYLE is still served fixed newstyle: the
         // spec allows it and such clients only send EXPORT_NAME anyway.
         self.no_zeroes = flags & NBD_FLAG_C_NO_ZEROES != 0;
+        self.fixed_newstyle = flags & NBD_FLAG_C_FIXED_NEWSTYLE != 0;
         Step::OptionHeader
     }
 
@@ -313,6 +317,12 @@ impl Handshake {
     }
 
     fn on_starttls(&mut self, data: &[u8]) {
+        if !self.fixed_newstyle {
+            // The spec: a client without fixed newstyle gets a server without TLS (review 46).
+            let message = "TLS needs fixed newstyle negotiation (NBD_FLAG_C_FIXED_NEWSTYLE)";
+            self.reply(NBD_OPT_STARTTLS, NBD_REP_ERR_UNSUP, message.as_bytes());
+            return;
+        }
         let refusal = if !data.is_empty() {
             Some("NBD_OPT_STARTTLS takes no data")
         } else if self.tls_active {

@@ -413,6 +413,12 @@ impl ReplyHead {
         ReplyHead::new(&[&header, &offset.to_be_bytes()])
     }
 
+    /// The one chunk of a successful structured reply without content (a READ of nothing).
+    pub fn none(cookie: u64) -> ReplyHead {
+        let header = structured_reply_header(NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, cookie, 0);
+        ReplyHead::new(&[&header])
+    }
+
     /// The one chunk of a failed structured reply: the error, no message.
     pub fn error_chunk(error: Errno, cookie: u64) -> ReplyHead {
         let header =

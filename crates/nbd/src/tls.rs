@@ -20,6 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -57,6 +58,7 @@ impl Eq for TlsConfig {}
 pub(crate) fn start<S: NbdStream>(
     net: S,
     config: &Arc<rustls::ServerConfig>,
+    stall_limit: Duration,
     peer: &str,
 ) -> io::Result<UnixStream> {
     let session = ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
@@ -65,7 +67,7 @@ pub(crate) fn start<S: NbdStream>(
     thread::Builder::new()
         .name("nbd-tls".into())
         .spawn(move || {
-            match Pump::new(net, session, inner).and_then(Pump::run) {
+            match Pump::new(net, session, inner, stall_limit).and_then(Pump::run) {
                 // A refused certificate, a bad record: what an operator needs to see.
                 Err(error) if error.kind() == ErrorKind::InvalidData => {
                     warn!(%peer, %error, "TLS session failed");
@@ -98,16 +100,22 @@ impl Pending {
     fn flush_to(&mut self, to: &mut impl Write) -> io::Result<()> {
         while !self.is_empty() {
             match to.write(&self.bytes[self.sent..]) {
-                Ok(0) => return Ok(()),
+                Ok(0) => break,
                 Ok(n) => self.sent += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        self.bytes.clear();
-        self.sent = 0;
+        self.compact();
         Ok(())
+    }
+
+    /// Drops what was sent, so the buffer holds only what waits (review 46: a side a little
+    /// slower than the other never emptied it, and it kept every byte that passed).
+    fn compact(&mut self) {
+        self.bytes.drain(..self.sent);
+        self.sent = 0;
     }
 }
 
@@ -122,10 +130,17 @@ struct Pump<S> {
     net_closed: bool,
     plain_closed: bool,
     chunk: Vec<u8>,
+    /// How long a side may take nothing the pump holds for it before the session ends.
+    stall_limit: Duration,
 }
 
 impl<S: NbdStream> Pump<S> {
-    fn new(net: S, session: ServerConnection, plain: UnixStream) -> io::Result<Pump<S>> {
+    fn new(
+        net: S,
+        session: ServerConnection,
+        plain: UnixStream,
+        stall_limit: Duration,
+    ) -> io::Result<Pump<S>> {
         set_nonblocking(net.as_raw_fd())?;
         plain.set_nonblocking(true)?;
         Ok(Pump {
@@ -137,6 +152,7 @@ impl<S: NbdStream> Pump<S> {
             net_closed: false,
             plain_closed: false,
             chunk: vec![0; PLAIN_CHUNK],
+            stall_limit,
         })
     }
 
@@ -185,39 +201,43 @@ impl<S: NbdStream> Pump<S> {
     }
 
     /// Waits until a side has something for the pump or room for what it holds; which sides
-    /// to read.
+    /// to read. A side the pump neither reads nor writes now is left out: poll reports a
+    /// hang-up whatever it is asked, so a closed side would wake it at once, again and again
+    /// (review 46). A hang-up is never an end by itself: the read that follows returns the
+    /// rest of what the side sent, then its end.
     fn wait(&self) -> io::Result<(bool, bool)> {
         let read_net = !self.net_closed && self.to_plain.len() < MAX_PENDING;
         let read_plain = !self.plain_closed && self.to_session.is_empty();
+        let write_plain = !self.to_plain.is_empty();
         let mut fds = [
             poll_fd(self.net.as_raw_fd(), read_net, self.session.wants_write()),
-            poll_fd(
-                self.plain.as_raw_fd(),
-                read_plain,
-                !self.to_plain.is_empty(),
-            ),
+            poll_fd(self.plain.as_raw_fd(), read_plain, write_plain),
         ];
-        loop {
+        if fds.iter().all(|fd| fd.fd < 0) {
+            return Err(io::Error::other("neither side can take or give anything"));
+        }
+        let timeout = libc::c_int::try_from(self.stall_limit.as_millis()).unwrap_or(i32::MAX);
+        let ready = loop {
             // SAFETY: `fds` is a valid array of two pollfd structs for the whole call.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
             if rc >= 0 {
-                break;
+                break rc;
             }
             let error = io::Error::last_os_error();
             if error.kind() != ErrorKind::Interrupted {
                 return Err(error);
             }
-        }
-        let hung_up = libc::POLLHUP | libc::POLLERR;
-        if fds[1].revents & hung_up != 0 && fds[1].revents & libc::POLLIN == 0 {
-            // The connection closed its end: nothing more will be read or written there.
+        };
+        let holding = write_plain || !self.to_session.is_empty() || self.session.wants_write();
+        if ready == 0 && holding {
             return Err(io::Error::new(
-                ErrorKind::BrokenPipe,
-                "the connection ended",
+                ErrorKind::TimedOut,
+                format!("a side took nothing for {:?}", self.stall_limit),
             ));
         }
-        let net_ready = fds[0].revents & (libc::POLLIN | hung_up) != 0 && read_net;
-        let plain_ready = fds[1].revents & (libc::POLLIN | hung_up) != 0 && read_plain;
+        let readable = libc::POLLIN | libc::POLLHUP | libc::POLLERR;
+        let net_ready = read_net && fds[0].revents & readable != 0;
+        let plain_ready = read_plain && fds[1].revents & readable != 0;
         Ok((net_ready, plain_ready))
     }
 
@@ -236,7 +256,14 @@ impl<S: NbdStream> Pump<S> {
         }
         loop {
             match self.session.reader().read(&mut self.chunk) {
+                // A close_notify, or the socket's end without one (a client that half-closes,
+                // a server shutdown that stopped reading the socket): either way the client
+                // sends no more, and the replies owed still go out (review 46).
                 Ok(0) => {
+                    self.net_closed = true;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
                     self.net_closed = true;
                     return Ok(());
                 }
@@ -265,7 +292,9 @@ impl<S: NbdStream> Pump<S> {
     }
 }
 
+/// A poll entry for `fd`, or one poll ignores (fd -1) when neither is wanted.
 fn poll_fd(fd: RawFd, read: bool, write: bool) -> libc::pollfd {
+    let fd = if read || write { fd } else { -1 };
     let mut events = 0;
     if read {
         events |= libc::POLLIN;
@@ -324,8 +353,13 @@ impl TlsConfig {
         let certs = certificates(&dir.join(SERVER_CERT))?;
         let key_path = dir.join(SERVER_KEY);
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| TlsSetupError::File {
+            reason: match e {
+                rustls::pki_types::pem::Error::NoItemsFound => "no unencrypted private key in it \
+                    (PKCS#8, PKCS#1 or SEC1 PEM; an encrypted key is not supported)"
+                    .to_owned(),
+                e => e.to_string(),
+            },
             path: key_path,
-            reason: e.to_string(),
         })?;
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()?;

@@ -87,18 +87,22 @@ impl Volume {
     /// Serves a read that is not made of whole sectors, piece by piece (`pieces`): a piece of
     /// whole sectors straight into `buf`, a partial one through the whole sectors around it.
     /// True when every sector was in the cache.
+    /// The stream detector sees the request once, as the client sent it (review 44: each
+    /// piece taken for a request continued the one before, and the rest of one long request
+    /// bypassed the cache as a stream).
     pub(super) fn read_partial(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        let bypass = Some(self.stream_bypass(offset, buf.len() as u64));
         let mut all_hit = true;
         for (at, len) in pieces(offset, buf.len() as u64) {
             let part = &mut buf[(at - offset) as usize..][..len as usize];
             all_hit &= match Widened::of(at, len) {
                 Some(wide) => {
                     let mut whole = AlignedBuf::zeroed(wide.len as usize);
-                    let hit = self.read_sectors(wide.start, &mut whole)?;
+                    let hit = self.read_sectors(wide.start, &mut whole, bypass)?;
                     part.copy_from_slice(&whole[wide.at..wide.at + part.len()]);
                     hit
                 }
-                None => self.read_sectors(at, part)?,
+                None => self.read_sectors(at, part, bypass)?,
             };
         }
         Ok(all_hit)
@@ -106,15 +110,19 @@ impl Volume {
 
     /// Serves a write that is not made of whole sectors, piece by piece (`pieces`): a piece of
     /// whole sectors as any write, a partial one by read-modify-write (`write_partial_piece`).
-    /// The caller holds the mode gate.
+    /// The caller holds the mode gate. The stream detector sees the request once and it counts
+    /// one write hit at most, whatever its pieces (review 44).
     pub(super) fn write_partial(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let bypass = self.write_bypasses(offset, data.len() as u64);
+        let mut hit = false;
         for (at, len) in pieces(offset, data.len() as u64) {
             let part = &data[(at - offset) as usize..][..len as usize];
-            match Widened::of(at, len) {
-                Some(wide) => self.write_partial_piece(wide, part, fua)?,
-                None => self.write_sectors(at, part, fua)?,
-            }
+            hit |= match Widened::of(at, len) {
+                Some(wide) => self.write_partial_piece(wide, part, fua, bypass)?,
+                None => self.write_sectors(at, part, fua, bypass)?,
+            };
         }
+        self.count_write_hit(hit);
         Ok(())
     }
 
@@ -123,7 +131,13 @@ impl Volume {
     /// across the disk write, as whole-sector writes may), so no other write of those sectors
     /// can land in between and be overwritten with the old bytes. The caller holds the mode
     /// gate.
-    fn write_partial_piece(&self, wide: Widened, data: &[u8], fua: bool) -> Result<()> {
+    fn write_partial_piece(
+        &self,
+        wide: Widened,
+        data: &[u8],
+        fua: bool,
+        bypass: bool,
+    ) -> Result<bool> {
         let mut whole = AlignedBuf::zeroed(wide.len as usize);
         let held = match self.read_edges_before_holding(wide, data.len(), &mut whole)? {
             Some(held) => held,
@@ -142,7 +156,7 @@ impl Volume {
             }
         };
         whole[wide.at..wide.at + data.len()].copy_from_slice(data);
-        self.write_held(wide.start, &whole, fua, held, KeepHeld::Always)
+        self.write_held(wide.start, &whole, fua, (held, KeepHeld::Always), bypass)
     }
 
     /// In write-back, a partial sector the cache does not hold is read from the disk without

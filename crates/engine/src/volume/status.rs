@@ -28,7 +28,11 @@ impl Volume {
         let mut length = length;
         let dirty = if self.has_dirty() {
             length = length.min(MAX_STATUS_LINES * self.core.layout.line_size);
-            self.dirty_ranges(offset, length)
+            let (dirty, looked_up_to) = self.dirty_ranges(offset, length);
+            // Past the dirty ranges kept, the answer would not know what is dirty: it ends
+            // there (the client asks again from its end).
+            length = length.min(looked_up_to.saturating_sub(offset));
+            dirty
         } else {
             Vec::new()
         };
@@ -43,8 +47,11 @@ impl Volume {
     }
 
     /// The dirty sectors of the whole sectors around `[offset, offset + length)`, as sorted,
-    /// merged byte ranges `(start, end)`.
-    fn dirty_ranges(&self, offset: u64, length: u64) -> Vec<(u64, u64)> {
+    /// merged byte ranges `(start, end)`, at most [`MAX_STATUS_RUNS`] of them (more could
+    /// not show in one answer: each splits a hole): then also where the look-up stopped, the
+    /// start of the first range left out; else the end of the range (review 45: scattered
+    /// dirty sectors of 16,384 lines made millions of ranges, outside every memory limit).
+    fn dirty_ranges(&self, offset: u64, length: u64) -> (Vec<(u64, u64)>, u64) {
         let start = offset - offset % SECTOR_SIZE;
         let end = (offset + length)
             .next_multiple_of(SECTOR_SIZE)
@@ -63,13 +70,16 @@ impl Volume {
                     continue;
                 }
                 let at = seg.offset + (sector - seg.first_sector) as u64 * SECTOR_SIZE;
-                match ranges.last_mut() {
-                    Some(last) if last.1 == at => last.1 = at + SECTOR_SIZE,
-                    _ => ranges.push((at, at + SECTOR_SIZE)),
+                if let Some(last) = ranges.last_mut().filter(|last| last.1 == at) {
+                    last.1 = at + SECTOR_SIZE;
+                } else if ranges.len() == MAX_STATUS_RUNS {
+                    return (ranges, at);
+                } else {
+                    ranges.push((at, at + SECTOR_SIZE));
                 }
             }
         }
-        ranges
+        (ranges, offset + length)
     }
 }
 
