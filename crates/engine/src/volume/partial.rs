@@ -87,6 +87,7 @@ impl Volume {
     /// Serves a read that is not made of whole sectors, piece by piece (`pieces`): a piece of
     /// whole sectors straight into `buf`, a partial one through the whole sectors around it.
     /// True when every sector was in the cache.
+    ///
     /// The stream detector sees the request once, as the client sent it (review 44: each
     /// piece taken for a request continued the one before, and the rest of one long request
     /// bypassed the cache as a stream).
