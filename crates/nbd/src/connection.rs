@@ -585,7 +585,7 @@ impl Reply<'_> {
 /// `req_one` (`NBD_CMD_FLAG_REQ_ONE`).
 fn block_status_of(runs: Vec<Run>, length: u64, req_one: bool) -> Result<Vec<u8>, Errno> {
     let mut left = length;
-    let mut extents = Vec::with_capacity(runs.len().min(if req_one { 1 } else { usize::MAX }));
+    let mut extents = Vec::with_capacity(if req_one { 1 } else { runs.len() });
     for run in runs.into_iter().filter(|r| r.len > 0) {
         let len = run.len.min(left);
         if len == 0 || (req_one && !extents.is_empty()) {
