@@ -2,14 +2,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ssdcache_device::identity;
 use ssdcache_device::BlockDevice;
 use ssdcache_engine::admission::Admission;
 use ssdcache_engine::superblock::{self, Copies};
 use ssdcache_engine::NewVolume;
 use ssdcache_format::{CacheMode, CacheState, Superblock, VolumeSlot};
 
-use crate::devices::{check_kind, open_device, same_device};
+use crate::devices::{check_kind, nbd_uri, open_backing_device, open_device, same_device};
 use crate::size::{human, parse_size};
 use crate::ModeArg;
 
@@ -18,8 +17,11 @@ pub struct CreateArgs {
     /// Cache device or file (SSD, NVMe partition, file on fast storage); it is overwritten
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
-    /// Backing device or file (the slow disk); read to learn its identity, never written
-    #[arg(long, value_name = "PATH")]
+    /// Backing device or file (the slow disk), or an NBD export in front of networked
+    /// storage: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH (the export must
+    /// be writable; its size and description are recorded as its identity). Read to learn
+    /// its identity, never written
+    #[arg(long, value_name = "PATH|URI")]
     backing: PathBuf,
     /// Cache line size: a power of two from 4KiB to 1MiB
     #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_line_size)]
@@ -60,25 +62,31 @@ pub struct CreateArgs {
 }
 
 pub fn run(args: CreateArgs) -> Result<()> {
+    let export = nbd_uri(&args.backing)?;
     for (what, path) in [("cache", &args.cache), ("backing device", &args.backing)] {
+        if what == "backing device" && export.is_some() {
+            continue;
+        }
         check_kind(path, what)?;
         std::fs::metadata(path)
             .with_context(|| format!("cannot open {what} {}", path.display()))?;
     }
-    if same_device(&args.cache, &args.backing)? {
+    if export.is_none() && same_device(&args.cache, &args.backing)? {
         return Err(crate::usage_error(format!(
             "--cache {} and --backing {} are the same file or device; the cache must be a different, faster device",
             args.cache.display(),
             args.backing.display()
         )));
     }
-    let name = volume_name(args.name.as_deref(), &args.backing)?;
+    // An export is named after the export (its URI's last path component).
+    let name_source = export
+        .as_ref()
+        .map_or(args.backing.clone(), |u| PathBuf::from(&u.export));
+    let name = volume_name(args.name.as_deref(), &name_source)?;
     // Locks make a running ssdcache that holds either device refuse us, and us it.
-    let backing = open_device(&args.backing, "backing device", false, true)?;
+    let (backing, ident) = open_backing_device(&args.backing, "backing device", false)?;
     let cache = open_device(&args.cache, "cache", true, true)?;
     check_overwrite(&args, &*cache)?;
-    let ident = identity::probe(&args.backing, backing.size())
-        .with_context(|| format!("cannot identify backing device {}", args.backing.display()))?;
     let sb = ssdcache_engine::format(
         &*cache,
         args.line_size,

@@ -12,7 +12,8 @@ use anyhow::{bail, Context, Result};
 use ssdcache_device::{identity, BlockDevice, FileDevice, OpenOptions};
 use ssdcache_engine::superblock::{read_superblock_copies, SuperblockRead};
 use ssdcache_engine::VolumeBacking;
-use ssdcache_format::{Superblock, VolumeSlot};
+use ssdcache_format::{BackingIdentity, Superblock, VolumeSlot};
+use ssdcache_remote::{is_nbd_uri, NbdDevice, NbdUri, RemoteConfig, RemoteError};
 
 use crate::size::human;
 
@@ -105,6 +106,67 @@ pub fn kind_problem(kind: &std::fs::FileType) -> Option<&'static str> {
     }
 }
 
+/// The NBD URI `path` is written as (`nbd://`, `nbd+unix://`...), or `None` for a path. A
+/// URI that does not parse is a usage error naming what is wrong.
+pub fn nbd_uri(path: &Path) -> Result<Option<NbdUri>> {
+    match path.to_str() {
+        Some(text) if is_nbd_uri(text) => NbdUri::parse(text)
+            .map(Some)
+            .map_err(|e| crate::usage_error(e.to_string())),
+        _ => Ok(None),
+    }
+}
+
+/// Opens a backing device, local (`open_device`, locked) or an NBD export, and reads its
+/// identity: what `create` records and every start checks. A local device is opened
+/// read-write only with `write`; an export must always be writable.
+pub fn open_backing_device(
+    path: &Path,
+    what: &str,
+    write: bool,
+) -> Result<(Arc<dyn BlockDevice>, BackingIdentity)> {
+    if let Some(uri) = nbd_uri(path)? {
+        let dev = open_export(uri, what)?;
+        let ident = dev.identity();
+        return Ok((Arc::new(dev), ident));
+    }
+    let dev = open_device(path, what, write, true)?;
+    let ident = identity::probe(path, dev.size())
+        .with_context(|| format!("cannot identify {what} {}", path.display()))?;
+    Ok((dev, ident))
+}
+
+fn open_export(uri: NbdUri, what: &str) -> Result<NbdDevice> {
+    let text = uri.to_string();
+    let dev = NbdDevice::open(uri, RemoteConfig::default()).map_err(|e| {
+        let absent = matches!(e, RemoteError::Connect { .. });
+        let message = format!("cannot use {what} {text}: {e}");
+        if absent {
+            // Nothing listening (yet): like a disk that has not appeared, the volume can wait
+            // for it (`serve --backing-wait`) while the others are served.
+            anyhow::Error::new(NotThere::Absent(message))
+        } else {
+            anyhow::anyhow!(message)
+        }
+    })?;
+    if dev.size() % 4096 != 0 {
+        bail!(
+            "{what} {text} is {} bytes, not a multiple of 4096; export a size in whole 4 KiB              sectors",
+            dev.size()
+        );
+    }
+    tracing::info!(
+        "{what} {text}: {} over {} connection(s){}",
+        human(dev.size()),
+        dev.connections(),
+        dev.export()
+            .description
+            .as_deref()
+            .map_or(String::new(), |d| format!(", described as {d:?}"))
+    );
+    Ok(dev)
+}
+
 /// True when both paths name the same file or block device (also through links).
 pub fn same_device(a: &Path, b: &Path) -> Result<bool> {
     let ma = std::fs::metadata(a).with_context(|| format!("cannot stat {}", a.display()))?;
@@ -156,7 +218,7 @@ pub fn open_backing(
         .cloned()
         .unwrap_or_else(|| PathBuf::from(&slot.backing.path));
     let what = format!("backing device of volume '{}'", slot.name);
-    let dev = open_device(&path, &what, true, true).map_err(|e| {
+    let (dev, found) = open_backing_device(&path, &what, true).map_err(|e| {
         if is_absent(&e) {
             anyhow::Error::new(NotThere::Absent(format!(
                 "{e:#}; if the disk moved, point to it with --backing {}=PATH.{}",
@@ -167,8 +229,6 @@ pub fn open_backing(
             anyhow::anyhow!("{e:#}{}", at_risk())
         }
     })?;
-    let found = identity::probe(&path, dev.size())
-        .with_context(|| format!("cannot identify {}", path.display()))?;
     if let Some(why) = identity::mismatch(&slot.backing, &found) {
         let at_risk = at_risk();
         return Err(anyhow::Error::new(NotThere::Wrong(format!(
@@ -222,6 +282,9 @@ impl std::error::Error for StoppedWaiting {}
 /// Whether an open failed because nothing is at the path: ENOENT, or a device node without
 /// its device (ENXIO, ENODEV, ENOMEDIUM).
 fn is_absent(e: &anyhow::Error) -> bool {
+    if matches!(e.downcast_ref::<NotThere>(), Some(NotThere::Absent(_))) {
+        return true;
+    }
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>().is_some_and(|io| {
             io.kind() == std::io::ErrorKind::NotFound

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ssdcache_device::{identity, BlockDevice};
+use ssdcache_device::identity;
 use ssdcache_engine::{Cache, CleanerConfig, OpenReport, VolumeState};
 use ssdcache_format::{CacheMode, CacheState, Superblock};
 
 use crate::control;
 use crate::devices::{
-    open_backing, open_backings, open_backings_allowing_offline, open_cache_device, open_device,
-    parse_backing, read_cache,
+    open_backing, open_backing_device, open_backings, open_backings_allowing_offline,
+    open_cache_device, parse_backing, read_cache,
 };
 use crate::size::human;
 use crate::ModeArg;
@@ -593,9 +593,7 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
             backings.push(open_backing(v, &Default::default(), &|| v.dirty_bytes)?);
             continue;
         }
-        let b = open_device(&args.backing, "backing device", true, true)?;
-        let found = identity::probe(&args.backing, b.size())
-            .with_context(|| format!("cannot identify {}", args.backing.display()))?;
+        let (b, found) = open_backing_device(&args.backing, "backing device", true)?;
         if let Some(why) = identity::mismatch(&v.backing, &found) {
             if !args.force || b.size() < v.backing.size {
                 bail!(
@@ -612,7 +610,7 @@ pub fn recover(args: RecoverArgs) -> Result<()> {
                 args.backing.display()
             );
         }
-        backings.push(b as Arc<dyn BlockDevice>);
+        backings.push(b);
     }
     let began = Instant::now();
     let (cache, report) = Cache::open(dev, sb, backings)

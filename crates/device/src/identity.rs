@@ -77,6 +77,10 @@ pub fn mismatch(recorded: &BackingIdentity, actual: &BackingIdentity) -> Option<
             "device id was {}, is now {}",
             recorded.stable_id, actual.stable_id
         )),
+        BackingKind::Nbd if recorded.stable_id != actual.stable_id => Some(format!(
+            "the export was {:?}, is now {:?}",
+            recorded.stable_id, actual.stable_id
+        )),
         BackingKind::File
             if (recorded.st_dev, recorded.st_ino) != (actual.st_dev, actual.st_ino)
                 || (recorded.btime_ns != 0

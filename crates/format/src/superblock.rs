@@ -71,6 +71,29 @@ pub enum CacheState {
 pub enum BackingKind {
     File,
     BlockDevice,
+    /// An NBD export reached over the network (`nbd://`, `nbd+unix://`): `path` holds its
+    /// URI, `stable_id` its name and the server's description of it.
+    Nbd,
+}
+
+impl BackingKind {
+    /// The value at offset 96 of a volume slot.
+    pub const fn to_u32(self) -> u32 {
+        match self {
+            BackingKind::File => 1,
+            BackingKind::BlockDevice => 2,
+            BackingKind::Nbd => 3,
+        }
+    }
+
+    pub const fn from_u32(v: u32) -> Option<BackingKind> {
+        match v {
+            1 => Some(BackingKind::File),
+            2 => Some(BackingKind::BlockDevice),
+            3 => Some(BackingKind::Nbd),
+            _ => None,
+        }
+    }
 }
 
 /// What identifies a backing device, so a cache is never assembled in front of another one.
@@ -81,6 +104,7 @@ pub struct BackingIdentity {
     /// Path at create time (a hint to find it again, not proof of identity).
     pub path: String,
     /// Block device: a /dev/disk/by-id name or "devnum:MAJ:MIN". File: "file:DEV:INO".
+    /// NBD export: "nbd:NAME" or, when the server describes the export, "nbd:NAME#DESCRIPTION".
     pub stable_id: String,
     pub st_dev: u64,
     pub st_ino: u64,
@@ -348,7 +372,7 @@ fn encode_slot(v: &VolumeSlot, s: &mut [u8]) -> Result<(), SuperblockError> {
     put_str(s, 24, NAME_LEN, &v.name);
     let b = &v.backing;
     put_u64(s, 88, b.size);
-    put_u32(s, 96, matches!(b.kind, BackingKind::BlockDevice) as u32 + 1);
+    put_u32(s, 96, b.kind.to_u32());
     put_u32(s, 100, if v.read_only { VOLUME_READ_ONLY } else { 0 });
     put_u64(s, 104, b.st_dev);
     put_u64(s, 112, b.st_ino);
@@ -383,16 +407,11 @@ fn decode_slot(id: u16, s: &[u8]) -> Result<Option<VolumeSlot>, SuperblockError>
         field: "volume mode",
         value: u64::from(mode_raw),
     })?;
-    let kind = match get_u32(s, 96) {
-        1 => BackingKind::File,
-        2 => BackingKind::BlockDevice,
-        v => {
-            return Err(SuperblockError::BadField {
-                field: "backing kind",
-                value: u64::from(v),
-            })
-        }
-    };
+    let kind_raw = get_u32(s, 96);
+    let kind = BackingKind::from_u32(kind_raw).ok_or(SuperblockError::BadField {
+        field: "backing kind",
+        value: u64::from(kind_raw),
+    })?;
     let mut uuid = [0u8; 16];
     uuid.copy_from_slice(&s[8..24]);
     let mut counters = VolumeCounters::default();

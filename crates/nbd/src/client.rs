@@ -17,8 +17,10 @@
 //! * Handshake: the whole exchange within [`ClientConfig::handshake_timeout`];
 //!   option replies of at most [`MAX_OPTION_REPLY_LEN`] bytes each and at most
 //!   [`MAX_OPTION_REPLIES`] of them.
-//! * Waits: every socket read and write, and every wait for a free slot, ends
-//!   after [`ClientConfig::io_timeout`] (if set) with an error.
+//! * Waits: every socket write, every wait for a reply while requests are in
+//!   flight, and every wait for a free slot, ends after
+//!   [`ClientConfig::io_timeout`] (if set) with an error. An idle connection
+//!   (nothing in flight) is not timed out.
 //!
 //! Only simple replies are used (structured replies are never requested), so
 //! the client handles no `BLOCK_STATUS`. Requests are checked against the
@@ -70,7 +72,7 @@ impl Default for ClientConfig {
 }
 
 /// What `NBD_OPT_GO` told about the export.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportDetails {
     pub size: u64,
     /// Transmission flags (`NBD_FLAG_*`).
@@ -81,6 +83,9 @@ pub struct ExportDetails {
     /// Largest READ/WRITE the client sends: the server's `max_block` and
     /// [`ClientConfig::max_request`], whichever is smaller.
     pub max_request: u32,
+    /// The server's `NBD_INFO_DESCRIPTION` of the export, if it sent one (at most
+    /// [`MAX_OPTION_REPLY_LEN`] bytes; invalid UTF-8 replaced).
+    pub description: Option<String>,
 }
 
 impl ExportDetails {
@@ -312,18 +317,19 @@ fn handshake<S: NbdStream>(
     read_go_replies(&mut io, export_name, config)
 }
 
-/// `NBD_OPT_GO` for `name`, asking for the block size info.
+/// `NBD_OPT_GO` for `name`, asking for the block sizes and the description.
 fn go_option(name: &str) -> Vec<u8> {
     let name_len = u32::try_from(name.len()).unwrap_or(u32::MAX);
-    let data_len = 4 + name.len() + 2 + 2;
+    let data_len = 4 + name.len() + 2 + 2 * 2;
     let mut out = Vec::with_capacity(16 + data_len);
     out.extend_from_slice(&IHAVEOPT.to_be_bytes());
     out.extend_from_slice(&NBD_OPT_GO.to_be_bytes());
     out.extend_from_slice(&u32::try_from(data_len).unwrap_or(u32::MAX).to_be_bytes());
     out.extend_from_slice(&name_len.to_be_bytes());
     out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(&1u16.to_be_bytes());
+    out.extend_from_slice(&2u16.to_be_bytes());
     out.extend_from_slice(&NBD_INFO_BLOCK_SIZE.to_be_bytes());
+    out.extend_from_slice(&NBD_INFO_DESCRIPTION.to_be_bytes());
     out
 }
 
@@ -333,8 +339,11 @@ fn read_go_replies<S: NbdStream>(
     export_name: &str,
     config: &ClientConfig,
 ) -> Result<ExportDetails, ClientError> {
-    let mut size_and_flags = None;
-    let mut block_sizes = (1u32, 4096u32, u32::MAX);
+    let mut info = GoInfo {
+        size_and_flags: None,
+        block_sizes: (1, 4096, u32::MAX),
+        description: None,
+    };
     for _ in 0..MAX_OPTION_REPLIES {
         let mut header = [0u8; 20];
         io.read(&mut header)?;
@@ -355,14 +364,9 @@ fn read_go_replies<S: NbdStream>(
         io.read(&mut payload)?;
         match reply_type {
             NBD_REP_ACK => {
-                let Some((size, flags)) = size_and_flags else {
-                    return Err(ClientError::Protocol(
-                        "NBD_OPT_GO acknowledged without NBD_INFO_EXPORT".into(),
-                    ));
-                };
-                return export_details(size, flags, block_sizes, config);
+                return export_details(info, config);
             }
-            NBD_REP_INFO => parse_info(&payload, &mut size_and_flags, &mut block_sizes)?,
+            NBD_REP_INFO => parse_info(&payload, &mut info)?,
             error if error & NBD_REP_FLAG_ERROR != 0 => {
                 return Err(ClientError::Refused {
                     export: export_name.to_owned(),
@@ -380,13 +384,17 @@ fn read_go_replies<S: NbdStream>(
     Err(ClientError::Protocol(message))
 }
 
+/// What the `NBD_REP_INFO` replies to `NBD_OPT_GO` said.
+struct GoInfo {
+    size_and_flags: Option<(u64, u16)>,
+    /// Minimum, preferred and maximum block sizes.
+    block_sizes: (u32, u32, u32),
+    description: Option<String>,
+}
+
 /// One `NBD_REP_INFO` payload; unknown info types are ignored (the spec
 /// lets servers send more than asked).
-fn parse_info(
-    payload: &[u8],
-    size_and_flags: &mut Option<(u64, u16)>,
-    block_sizes: &mut (u32, u32, u32),
-) -> Result<(), ClientError> {
+fn parse_info(payload: &[u8], info_seen: &mut GoInfo) -> Result<(), ClientError> {
     let malformed = |what: &str| ClientError::Protocol(format!("malformed {what} info"));
     let Some(info) = payload.get(0..2).map(|b| u16::from_be_bytes([b[0], b[1]])) else {
         return Err(malformed("empty"));
@@ -397,29 +405,34 @@ fn parse_info(
                 return Err(malformed("NBD_INFO_EXPORT"));
             }
             let flags = u16::from_be_bytes([payload[10], payload[11]]);
-            *size_and_flags = Some((be_u64(&payload[2..10]), flags));
+            info_seen.size_and_flags = Some((be_u64(&payload[2..10]), flags));
         }
         NBD_INFO_BLOCK_SIZE => {
             if payload.len() != 14 {
                 return Err(malformed("NBD_INFO_BLOCK_SIZE"));
             }
-            *block_sizes = (
+            info_seen.block_sizes = (
                 be_u32(&payload[2..6]),
                 be_u32(&payload[6..10]),
                 be_u32(&payload[10..14]),
             );
+        }
+        NBD_INFO_DESCRIPTION => {
+            let text = String::from_utf8_lossy(&payload[2..]).into_owned();
+            info_seen.description = Some(text);
         }
         _ => {}
     }
     Ok(())
 }
 
-fn export_details(
-    size: u64,
-    flags: u16,
-    (min_block, preferred_block, max_block): (u32, u32, u32),
-    config: &ClientConfig,
-) -> Result<ExportDetails, ClientError> {
+fn export_details(info: GoInfo, config: &ClientConfig) -> Result<ExportDetails, ClientError> {
+    let Some((size, flags)) = info.size_and_flags else {
+        return Err(ClientError::Protocol(
+            "NBD_OPT_GO acknowledged without NBD_INFO_EXPORT".into(),
+        ));
+    };
+    let (min_block, preferred_block, max_block) = info.block_sizes;
     if min_block == 0 || !min_block.is_power_of_two() || max_block < min_block {
         let message = format!("block sizes min {min_block}, max {max_block} are inconsistent");
         return Err(ClientError::Protocol(message));
@@ -433,6 +446,7 @@ fn export_details(
         min_block,
         preferred_block,
         max_request,
+        description: info.description,
     })
 }
 
@@ -548,8 +562,16 @@ impl<S: NbdStream, T> RequestSender<S, T> {
             length: request.length,
         };
         // Registered before the bytes leave: the reply can arrive before
-        // write_all returns.
-        self.in_flight.lock().requests.insert(cookie, (header, tag));
+        // write_all returns. Not after the receiver gave up (its
+        // `into_unanswered` would never hand the tag back).
+        {
+            let mut state = self.in_flight.lock();
+            if state.closed {
+                let in_flight = state.requests.len();
+                return Err(ClientError::Closed { in_flight });
+            }
+            state.requests.insert(cookie, (header, tag));
+        }
         self.stream
             .write_all(&header.encode())
             .and_then(|()| self.stream.write_all(request.data))
@@ -688,6 +710,15 @@ impl<S: NbdStream, T> ReplyReceiver<S, T> {
         })
     }
 
+    /// Ends the connection's reading and hands back the tags of every request
+    /// still unanswered (after an error of [`ReplyReceiver::recv`], say), so
+    /// their callers can be told. A sender waiting for a slot is woken.
+    pub fn into_unanswered(self) -> Vec<T> {
+        self.in_flight.close();
+        let mut state = self.in_flight.lock();
+        state.requests.drain().map(|(_, (_, tag))| tag).collect()
+    }
+
     /// A clean EOF before the first byte of a header is `Closed`.
     fn read_header(&mut self, header: &mut [u8]) -> Result<(), ClientError> {
         let mut filled = 0;
@@ -706,6 +737,8 @@ impl<S: NbdStream, T> ReplyReceiver<S, T> {
                 }
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The I/O timeout bounds the wait for a reply, not an idle connection.
+                Err(e) if filled == 0 && is_timeout(&e) && self.in_flight() == 0 => {}
                 Err(source) => {
                     return Err(ClientError::Io {
                         context: "reading a reply header",
@@ -716,6 +749,13 @@ impl<S: NbdStream, T> ReplyReceiver<S, T> {
         }
         Ok(())
     }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 fn be_u32(bytes: &[u8]) -> u32 {

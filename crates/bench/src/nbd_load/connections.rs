@@ -82,7 +82,7 @@ pub fn open<T>(plan: &Plan<'_>) -> Result<(Vec<Halves<T>>, ExportDetails)> {
             .with_context(|| format!("connection {index}: NBD handshake failed"))?;
         halves.push(pair);
     }
-    let export = *halves[0].0.export();
+    let export = halves[0].0.export().clone();
     Ok((halves, export))
 }
 

@@ -1,0 +1,243 @@
+//! NBD URIs as the NBD project's `doc/uri.md` defines them (the form qemu, libnbd and nbdkit
+//! accept): `nbd://HOST[:PORT][/EXPORT]` and `nbd+unix:///[EXPORT]?socket=PATH`, with `nbds`
+//! for TLS. The export name is the path without its leading `/`, percent-decoded.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// The port NBD servers listen on unless told otherwise (IANA-assigned).
+pub const DEFAULT_PORT: u16 = 10809;
+
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Tcp { host: String, port: u16 },
+    Unix { socket: PathBuf },
+}
+
+/// A parsed NBD URI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdUri {
+    pub endpoint: Endpoint,
+    /// The export's name ("" is the server's default export).
+    pub export: String,
+    /// `nbds`: the connection must use TLS.
+    pub tls: bool,
+    /// The URI as given, for messages and the cache's record of the device.
+    text: String,
+}
+
+/// Why a string is not a usable NBD URI.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{uri:?} is not a usable NBD URI: {why} (forms: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH)")]
+pub struct UriError {
+    pub uri: String,
+    pub why: String,
+}
+
+const SCHEMES: [(&str, bool, bool); 6] = [
+    // (scheme, tls, unix)
+    ("nbd", false, false),
+    ("nbd+tcp", false, false),
+    ("nbd+unix", false, true),
+    ("nbds", true, false),
+    ("nbds+tcp", true, false),
+    ("nbds+unix", true, true),
+];
+
+/// Whether `s` is written as an NBD URI (any of the schemes), as opposed to a path.
+pub fn is_nbd_uri(s: &str) -> bool {
+    s.split_once("://")
+        .is_some_and(|(scheme, _)| SCHEMES.iter().any(|(name, ..)| *name == scheme))
+}
+
+impl NbdUri {
+    pub fn parse(text: &str) -> Result<NbdUri, UriError> {
+        let fail = |why: String| UriError {
+            uri: text.to_owned(),
+            why,
+        };
+        let (scheme, rest) = text
+            .split_once("://")
+            .ok_or_else(|| fail("no scheme".into()))?;
+        let &(_, tls, unix) = SCHEMES
+            .iter()
+            .find(|(name, ..)| *name == scheme)
+            .ok_or_else(|| fail(format!("unknown scheme {scheme:?}")))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(at) => (&rest[..at], &rest[at + 1..]),
+            None => (rest, ""),
+        };
+        let export = percent_decode(path).map_err(fail)?;
+        let socket = socket_parameter(query).map_err(fail)?;
+        let endpoint = if unix {
+            if !authority.is_empty() && authority != "localhost" {
+                return Err(fail(format!(
+                    "a Unix-socket URI names no host (found {authority:?})"
+                )));
+            }
+            let socket = socket.ok_or_else(|| fail("no ?socket=PATH".into()))?;
+            Endpoint::Unix {
+                socket: PathBuf::from(socket),
+            }
+        } else {
+            if socket.is_some() {
+                return Err(fail("?socket= belongs to nbd+unix:// URIs".into()));
+            }
+            tcp_endpoint(authority).map_err(fail)?
+        };
+        Ok(NbdUri {
+            endpoint,
+            export,
+            tls,
+            text: text.to_owned(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for NbdUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// `[USER@]HOST[:PORT]`, HOST possibly an `[IPv6]` literal.
+fn tcp_endpoint(authority: &str) -> Result<Endpoint, String> {
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        let (host, after) = bracketed
+            .split_once(']')
+            .ok_or_else(|| "an IPv6 address without its closing ']'".to_owned())?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("{after:?} after the IPv6 address"))?,
+            ),
+        };
+        (host, port)
+    } else {
+        match host_port.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("no host".into());
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("port {p:?} is not 1 to 65535"))?,
+    };
+    Ok(Endpoint::Tcp {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// The `socket=` parameter; any other parameter is refused (a misspelt one must not be
+/// ignored silently).
+fn socket_parameter(query: Option<&str>) -> Result<Option<String>, String> {
+    let mut socket = None;
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        match pair.split_once('=') {
+            Some(("socket", value)) if socket.is_none() => socket = Some(percent_decode(value)?),
+            Some(("socket", _)) => return Err("socket= given twice".into()),
+            _ => {
+                return Err(format!(
+                    "unsupported query parameter {pair:?} (only socket=)"
+                ))
+            }
+        }
+    }
+    Ok(socket)
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("bad percent escape in {s:?}"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp(host: &str, port: u16) -> Endpoint {
+        Endpoint::Tcp {
+            host: host.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn parses_the_forms_qemu_and_libnbd_accept() {
+        let u = NbdUri::parse("nbd://example.com/disk0").unwrap();
+        assert_eq!(
+            (u.endpoint, u.export.as_str(), u.tls),
+            (tcp("example.com", 10809), "disk0", false)
+        );
+        let u = NbdUri::parse("nbds://10.0.0.2:10810").unwrap();
+        assert_eq!(
+            (u.endpoint, u.export.as_str(), u.tls),
+            (tcp("10.0.0.2", 10810), "", true)
+        );
+        let u = NbdUri::parse("nbd://[::1]:2000/a%20b").unwrap();
+        assert_eq!((u.endpoint, u.export.as_str()), (tcp("::1", 2000), "a b"));
+        let u = NbdUri::parse("nbd+unix:///vol?socket=/run/x%2By.sock").unwrap();
+        let socket = PathBuf::from("/run/x+y.sock");
+        assert_eq!(
+            (u.endpoint, u.export.as_str()),
+            (Endpoint::Unix { socket }, "vol")
+        );
+        assert!(is_nbd_uri("nbd+unix:///?socket=/s"));
+        assert!(!is_nbd_uri("/dev/sdb"));
+        assert!(!is_nbd_uri("http://x/"));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_use_and_says_why() {
+        for (uri, why) in [
+            ("nbd:///disk", "no host"),
+            ("nbd://h:0/", "port"),
+            ("nbd://h:99999/", "port"),
+            ("nbd+unix:///disk", "socket"),
+            ("nbd+unix://host/?socket=/s", "names no host"),
+            ("nbd://h/?socket=/s", "belongs to"),
+            ("nbd://h/?tls-verify-peer=false", "unsupported query"),
+            ("nbd://h/%zz", "percent"),
+            ("nbd://[::1/", "IPv6"),
+            ("ftp://h/", "scheme"),
+        ] {
+            let e = NbdUri::parse(uri).unwrap_err();
+            assert!(e.to_string().contains(why), "{uri}: {e}");
+        }
+    }
+}

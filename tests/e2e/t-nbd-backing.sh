@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# A backing device reached over NBD (issue 13 item 5): qemu-nbd serves a raw image (the
+# "store"); ssdcache caches it write-back.
+#  1. create records the export (URI, size, "nbd:NAME#DESCRIPTION") as the volume's identity.
+#  2. ext4 on the cached device (nbdfuse + loop); while a writer fills it, the store is killed
+#     with SIGKILL and restarted: ssdcache reconnects, the writer sees no error.
+#  3. `ssdcache flush`; the device read whole through ssdcache equals the image read back
+#     through the store alone (qemu-nbd stopped: the raw file itself), which fscks clean with
+#     every file intact.
+#  4. Safe assembly: another export at the address (another description) is refused; a store
+#     that is not there is named in the error.
+source "$(dirname "$0")/lib.sh"
+require_tool qemu-nbd nbdfuse nbdcopy fusermount3 losetup mkfs.ext4 fsck.ext4 mount umount \
+    sha256sum jq timeout cmp findmnt
+require_bin
+[[ -e /dev/fuse ]] || fail "/dev/fuse missing"
+
+STORE_SOCK="$TEST_DIR/store.sock"
+STORE_URI="nbd+unix:///disk?socket=$STORE_SOCK"
+STORE_PID=""
+
+# start_store DESCRIPTION: qemu-nbd on the image, persistent, 8 clients (multi-conn).
+start_store() {
+    rm -f "$STORE_SOCK"
+    qemu-nbd -f raw -x disk -D "$1" -t -e 8 --cache=writeback -k "$STORE_SOCK" \
+        "$TEST_DIR/store.raw" >>"$TEST_DIR/store.log" 2>&1 &
+    STORE_PID=$!
+    _PIDS+=("$STORE_PID")
+    local i
+    for ((i = 0; i < 100; i++)); do
+        [[ -S "$STORE_SOCK" ]] && timeout 5 nbdinfo --size "$STORE_URI" >/dev/null 2>&1 && return 0
+        _is_ours_alive "$STORE_PID" || fail "qemu-nbd exited; log: $(cat "$TEST_DIR/store.log")"
+        sleep 0.1
+    done
+    fail "qemu-nbd did not come up within 10 s"
+}
+stop_store() { # stop_store [SIGNAL]
+    kill -"${1:-TERM}" "$STORE_PID"
+    _wait_gone "$STORE_PID" 20 || fail "qemu-nbd $STORE_PID did not exit"
+    wait "$STORE_PID" 2>/dev/null || true
+}
+
+mk_sparse store.raw 512M
+mk_sparse cache.img 128M
+start_store store-1
+
+# --- 1. create with a URI ---
+create_cache cache.img "$STORE_URI" --name vol0 --mode write-back
+info=$(ssd info --cache cache.img)
+assert_contains "$info" "nbd:disk#store-1" "info shows the export's recorded identity"
+assert_contains "$info" "$STORE_URI" "info shows the export's URI"
+
+# --- 2. ext4 through the cache while the store restarts ---
+start_server "$TEST_DIR/ssd.sock" --cache cache.img
+MNT="$TEST_DIR/mnt"
+nbdfuse_attach "$TEST_DIR/fuse" "$(nbd_uri "$SOCK" vol0)"
+loop_attach "$FUSE_FILE"
+mkfs.ext4 -q -F "$LOOP_DEV" || fail "mkfs.ext4 failed"
+do_mount "$LOOP_DEV" "$MNT"
+make_tree "$MNT/a" 1
+sync -f "$MNT"
+
+# A writer fills tree b; the store dies (SIGKILL) under it and comes back 1 s later.
+(make_tree "$MNT/b" 2 && sync -f "$MNT") >"$TEST_DIR/writer.log" 2>&1 &
+WRITER=$!
+_PIDS+=("$WRITER")
+sleep 1
+stop_store KILL
+log "store killed with SIGKILL under the writer"
+sleep 1
+start_store store-1
+log "store restarted"
+wait "$WRITER" || fail "the writer failed while the store restarted: $(cat "$TEST_DIR/writer.log")"
+# A read miss and a flush of the backing device both go over the new connection.
+( cd "$MNT" && find a b -type f -print0 | sort -z | xargs -0 sha256sum ) >"$TEST_DIR/sums"
+assert_gt "$(wc -l <"$TEST_DIR/sums")" 400 "files checksummed"
+grep -q "reconnected to the backing export" "$SERVER_LOG" ||
+    fail "the daemon did not log its reconnection; log: $(tail -n 20 "$SERVER_LOG")"
+assert_server_alive
+
+# --- 3. flush, then the store alone holds the device ---
+sync -f "$MNT"
+do_umount "$MNT"
+loop_detach "$LOOP_DEV"
+nbdfuse_detach "$TEST_DIR/fuse"
+ssd flush --cache cache.img >"$TEST_DIR/flush.out" 2>&1 || fail "flush failed: $(cat "$TEST_DIR/flush.out")"
+assert_eq "$(vol_field "$(stats_json cache.img)" vol0 dirty_bytes)" 0 "dirty bytes after flush"
+nbdcopy "$(nbd_uri "$SOCK" vol0)" "$TEST_DIR/device.copy" || fail "nbdcopy of the device failed"
+stop_server
+stop_store
+cmp "$TEST_DIR/device.copy" "$TEST_DIR/store.raw" ||
+    fail "the image on the store differs from the device served through the cache"
+log "the store's image equals the device, byte for byte"
+loop_attach "$TEST_DIR/store.raw"
+check_fsck "$LOOP_DEV"
+do_mount "$LOOP_DEV" "$MNT"
+verify_sums "$TEST_DIR/sums"
+do_umount "$MNT"
+loop_detach "$LOOP_DEV"
+
+# --- 4. safe assembly ---
+start_store store-2
+expect_status 1 "serve in front of another export" "not the backing device.*store-2" \
+    "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/ssd2.sock"
+stop_store
+expect_status 1 "serve with the store away" "cannot use backing device.*$STORE_SOCK" \
+    "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/ssd2.sock" --backing-wait 1
+expect_status 2 "a malformed URI" "not a usable NBD URI" \
+    "$SSDCACHE_BIN" create --cache cache.img --backing "nbd+unix:///disk" --force
+log "PASS"
