@@ -7,8 +7,10 @@
 #  3. `ssdcache flush`; the device read whole through ssdcache equals the image read back
 #     through the store alone (qemu-nbd stopped: the raw file itself), which fscks clean with
 #     every file intact.
-#  4. Safe assembly: another export at the address (another description) is refused; a store
-#     that is not there is named in the error.
+#  4. Safe assembly: an export without a description is refused unless --trust-export-name; a
+#     second cache on an export a daemon uses is refused (host-wide lock); another export at
+#     the address (another description) is refused; a store that is not there is named in the
+#     error. A second export added and removed online as a volume.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-nbd nbdfuse nbdcopy fusermount3 losetup mkfs.ext4 fsck.ext4 mount umount \
     sha256sum jq timeout cmp findmnt
@@ -45,6 +47,24 @@ mk_sparse cache.img 128M
 start_store store-1
 
 # --- 1. create with a URI ---
+# A second store whose export has no description: refused unless trusted by name.
+mk_sparse other.raw 64M
+OTHER_SOCK="$TEST_DIR/other.sock"
+OTHER_URI="nbd+unix:///other?socket=$OTHER_SOCK"
+qemu-nbd -f raw -x other -t -e 8 -k "$OTHER_SOCK" "$TEST_DIR/other.raw" >>"$TEST_DIR/other.log" 2>&1 &
+OTHER_PID=$!
+_PIDS+=("$OTHER_PID")
+for ((i = 0; i < 100; i++)); do
+    timeout 5 nbdinfo --size "$OTHER_URI" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+mk_sparse scratch.img 64M
+expect_status 1 "an export without a description" "no description.*--trust-export-name" \
+    "$SSDCACHE_BIN" create --cache scratch.img --backing "$OTHER_URI"
+expect_status 2 "a relative socket path" "absolute path" \
+    "$SSDCACHE_BIN" create --cache scratch.img --backing "nbd+unix:///disk?socket=store.sock"
+expect_status 2 "TLS to the export" "nbds.*not supported" \
+    "$SSDCACHE_BIN" create --cache scratch.img --backing "nbds://127.0.0.1/disk"
 create_cache cache.img "$STORE_URI" --name vol0 --mode write-back
 info=$(ssd info --cache cache.img)
 assert_contains "$info" "nbd:disk#store-1" "info shows the export's recorded identity"
@@ -77,6 +97,21 @@ assert_gt "$(wc -l <"$TEST_DIR/sums")" 400 "files checksummed"
 grep -q "reconnected to the backing export" "$SERVER_LOG" ||
     fail "the daemon did not log its reconnection; log: $(tail -n 20 "$SERVER_LOG")"
 assert_server_alive
+# One export, one cache: a second cache on the export the daemon uses is refused.
+expect_status 1 "a second cache on the same export" "another ssdcache process on this host" \
+    "$SSDCACHE_BIN" create --cache scratch.img --backing "$STORE_URI" --force
+# The undescribed export, trusted by name, added and removed while serving.
+out=$(ssd volume add --cache cache.img --backing "$OTHER_URI" --name vol1 --mode write-back \
+    --trust-export-name 2>&1) || fail "volume add of an export while serving failed: $out"
+assert_eq "$(nbdinfo --size "$(nbd_uri "$SOCK" vol1)")" $((64 << 20)) "size of the added export"
+qemu-io -f raw -c "write -P 0x5a 0 1M" "$(nbd_uri "$SOCK" vol1)" >/dev/null ||
+    fail "write to the added export failed"
+out=$(ssd volume remove --cache cache.img --name vol1 2>&1) ||
+    fail "volume remove of the added export failed: $out"
+out=$(qemu-io -f raw -c "read -P 0x5a 0 1M" "$OTHER_URI" 2>&1)
+[[ $out == *"read 1048576/1048576"* && $out != *"verification failed"* ]] ||
+    fail "the removed volume's data is not on its export: $out"
+kill "$OTHER_PID"; _wait_gone "$OTHER_PID" 20 || fail "qemu-nbd $OTHER_PID did not exit"
 
 # --- 3. flush, then the store alone holds the device ---
 sync -f "$MNT"

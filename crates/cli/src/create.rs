@@ -8,7 +8,9 @@ use ssdcache_engine::superblock::{self, Copies};
 use ssdcache_engine::NewVolume;
 use ssdcache_format::{CacheMode, CacheState, Superblock, VolumeSlot};
 
-use crate::devices::{check_kind, nbd_uri, open_backing_device, open_device, same_device};
+use crate::devices::{
+    check_kind, nbd_uri, open_backing_device, open_device, refuse_undescribed_export, same_device,
+};
 use crate::size::{human, parse_size};
 use crate::ModeArg;
 
@@ -59,6 +61,12 @@ pub struct CreateArgs {
     /// they are lost anyway
     #[arg(long)]
     discard_dirty_data: bool,
+    /// With an NBD export as --backing: accept an export the server gives no description,
+    /// identified then by its name and size alone (another image exported under the same name
+    /// and size would be taken for it). Better: give the export a unique description
+    /// (qemu-nbd -D ID)
+    #[arg(long)]
+    trust_export_name: bool,
 }
 
 pub fn run(args: CreateArgs) -> Result<()> {
@@ -85,6 +93,7 @@ pub fn run(args: CreateArgs) -> Result<()> {
     let name = volume_name(args.name.as_deref(), &name_source)?;
     // Locks make a running ssdcache that holds either device refuse us, and us it.
     let (backing, ident) = open_backing_device(&args.backing, "backing device", false)?;
+    refuse_undescribed_export(&ident, args.trust_export_name)?;
     let cache = open_device(&args.cache, "cache", true, true)?;
     check_overwrite(&args, &*cache)?;
     let sb = ssdcache_engine::format(

@@ -12,8 +12,8 @@ use anyhow::{bail, Context, Result};
 use ssdcache_device::{identity, BlockDevice, FileDevice, OpenOptions};
 use ssdcache_engine::superblock::{read_superblock_copies, SuperblockRead};
 use ssdcache_engine::VolumeBacking;
-use ssdcache_format::{BackingIdentity, Superblock, VolumeSlot};
-use ssdcache_remote::{is_nbd_uri, NbdDevice, NbdUri, RemoteConfig, RemoteError};
+use ssdcache_format::{BackingIdentity, BackingKind, Superblock, VolumeSlot};
+use ssdcache_remote::{is_nbd_uri, Endpoint, NbdDevice, NbdUri, RemoteConfig, RemoteError};
 
 use crate::size::human;
 
@@ -109,11 +109,54 @@ pub fn kind_problem(kind: &std::fs::FileType) -> Option<&'static str> {
 /// The NBD URI `path` is written as (`nbd://`, `nbd+unix://`...), or `None` for a path. A
 /// URI that does not parse is a usage error naming what is wrong.
 pub fn nbd_uri(path: &Path) -> Result<Option<NbdUri>> {
-    match path.to_str() {
-        Some(text) if is_nbd_uri(text) => NbdUri::parse(text)
-            .map(Some)
-            .map_err(|e| crate::usage_error(e.to_string())),
-        _ => Ok(None),
+    let uri = match path.to_str() {
+        Some(text) if is_nbd_uri(text) => {
+            NbdUri::parse(text).map_err(|e| crate::usage_error(e.to_string()))?
+        }
+        _ => return Ok(None),
+    };
+    if uri.tls {
+        return Err(crate::usage_error(format!(
+            "{uri}: TLS to a backing export (nbds://) is not supported yet; use nbd:// or \
+             nbd+unix:// over a private network, or a TLS tunnel (stunnel, ssh -L) to the export"
+        )));
+    }
+    if let Endpoint::Unix { socket } = &uri.endpoint {
+        if socket.is_relative() {
+            return Err(crate::usage_error(format!(
+                "{uri}: give the socket's absolute path (socket=/run/...): the URI is recorded \
+                 and used from other directories"
+            )));
+        }
+    }
+    Ok(Some(uri))
+}
+
+/// Refuses to record an export the server does not describe, unless `trusted`: its name and
+/// size would be all ssdcache could check, and another image exported under the same name
+/// and size would be taken for it (dirty data written onto it, its clean data served stale).
+pub fn refuse_undescribed_export(ident: &BackingIdentity, trusted: bool) -> Result<()> {
+    if ident.kind != BackingKind::Nbd || ident.stable_id.contains('#') || trusted {
+        return Ok(());
+    }
+    bail!(
+        "the export {} has no description, so ssdcache could not tell it from another image \
+         exported under the same name and size (and would write this cache's data onto that \
+         one). Give the export a unique description (qemu-nbd -D ID, qemu-storage-daemon \
+         --export ...,description=ID, nbdkit description=ID) and run this again, or pass \
+         --trust-export-name to rely on its name and size alone",
+        ident.path
+    );
+}
+
+/// Where host-wide export locks live: /run/lock/ssdcache (tmpfs: they go at a reboot, when
+/// no process can hold them anyway), else a folder in the temporary directory.
+fn export_lock_dir() -> PathBuf {
+    let run_lock = Path::new("/run/lock");
+    if run_lock.is_dir() {
+        run_lock.join("ssdcache")
+    } else {
+        std::env::temp_dir().join("ssdcache-locks")
     }
 }
 
@@ -138,7 +181,7 @@ pub fn open_backing_device(
 
 fn open_export(uri: NbdUri, what: &str) -> Result<NbdDevice> {
     let text = uri.to_string();
-    let dev = NbdDevice::open(uri, RemoteConfig::default()).map_err(|e| {
+    let mut dev = NbdDevice::open(uri, RemoteConfig::default()).map_err(|e| {
         let absent = matches!(e, RemoteError::Connect { .. });
         let message = format!("cannot use {what} {text}: {e}");
         if absent {
@@ -151,10 +194,12 @@ fn open_export(uri: NbdUri, what: &str) -> Result<NbdDevice> {
     })?;
     if dev.size() % 4096 != 0 {
         bail!(
-            "{what} {text} is {} bytes, not a multiple of 4096; export a size in whole 4 KiB              sectors",
+            "{what} {text} is {} bytes, not a multiple of 4096; export a size in whole 4 KiB sectors",
             dev.size()
         );
     }
+    dev.lock_on_host(&export_lock_dir())
+        .with_context(|| format!("cannot use {what} {text}"))?;
     tracing::info!(
         "{what} {text}: {} over {} connection(s){}",
         human(dev.size()),

@@ -595,6 +595,7 @@ fn state_label(state: VolumeState) -> &'static str {
         VolumeState::CacheFailed => "cache_failed",
         VolumeState::BackingFlushFailed => "backing_flush_failed",
         VolumeState::Offline => "offline",
+        VolumeState::BackingUnreachable => "backing_unreachable",
     }
 }
 

@@ -14,12 +14,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use ssdcache_device::{identity, BlockDevice};
+use ssdcache_device::BlockDevice;
 use ssdcache_engine::admission::Admission;
 use ssdcache_format::superblock::MAX_VOLUMES;
-use ssdcache_format::{CacheState, Superblock, VolumeCounters, VolumeSlot};
+use ssdcache_format::{
+    BackingIdentity, BackingKind, CacheState, Superblock, VolumeCounters, VolumeSlot,
+};
 
-use crate::devices::{check_kind, open_cache_device, open_device, same_device};
+use crate::devices::{
+    check_kind, open_backing_device, open_cache_device, refuse_undescribed_export, same_device,
+};
 use crate::size::{human, parse_size};
 use crate::ModeArg;
 
@@ -87,9 +91,10 @@ pub struct AddArgs {
     /// Cache device or file made by `ssdcache create` (served by a daemon, or stopped)
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
-    /// Backing device or file of the new volume; read to learn its identity, never written
-    /// by the addition
-    #[arg(long, value_name = "PATH")]
+    /// Backing device or file of the new volume, or an NBD export (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH; see `ssdcache create --help`); read to learn its
+    /// identity, never written by the addition
+    #[arg(long, value_name = "PATH|URI")]
     backing: PathBuf,
     /// Volume name, also the NBD export name [default: the backing file's name]
     #[arg(long)]
@@ -108,6 +113,12 @@ pub struct AddArgs {
     /// if any; without one the stopped cache is changed]
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// With an NBD export as --backing: accept an export the server gives no description,
+    /// identified then by its name and size alone (another image exported under the same name
+    /// and size would be taken for it). Better: give the export a unique description
+    /// (qemu-nbd -D ID)
+    #[arg(long)]
+    trust_export_name: bool,
 }
 
 /// What a new volume is to be, as `add` takes it and sends it to a daemon.
@@ -121,6 +132,9 @@ pub struct AddSpec {
     sequential_cutoff: u64,
     /// As `--admission` takes it (`always`, `N-hit`).
     admission: String,
+    /// `--trust-export-name`.
+    #[serde(default)]
+    trust_export_name: bool,
 }
 
 pub fn run(command: VolumeCommand) -> Result<()> {
@@ -398,24 +412,36 @@ fn lock_removed(daemon: &crate::control::Daemon) -> std::sync::MutexGuard<'_, Ve
 }
 
 fn add(args: AddArgs) -> Result<()> {
-    check_kind(&args.backing, "backing device")?;
-    if same_device(&args.cache, &args.backing)? {
-        return Err(crate::usage_error(format!(
-            "--cache {} and --backing {} are the same file or device",
-            args.cache.display(),
-            args.backing.display()
-        )));
+    let export = crate::devices::nbd_uri(&args.backing)?;
+    if export.is_none() {
+        check_kind(&args.backing, "backing device")?;
+        if same_device(&args.cache, &args.backing)? {
+            return Err(crate::usage_error(format!(
+                "--cache {} and --backing {} are the same file or device",
+                args.cache.display(),
+                args.backing.display()
+            )));
+        }
     }
-    let name = crate::create::volume_name(args.name.as_deref(), &args.backing)?;
+    // An export is named after the export (its URI's last path component).
+    let name_source = export
+        .as_ref()
+        .map_or(args.backing.clone(), |u| PathBuf::from(&u.export));
+    let name = crate::create::volume_name(args.name.as_deref(), &name_source)?;
     let seen = crate::devices::read_cache(&args.cache)?.1.superblock;
     refuse_taken_name(&seen, &name, &args.cache)?;
-    let spec = AddSpec {
-        backing: std::fs::canonicalize(&args.backing)
+    let backing_path = match export {
+        Some(_) => args.backing.clone(),
+        None => std::fs::canonicalize(&args.backing)
             .with_context(|| format!("cannot resolve {}", args.backing.display()))?,
+    };
+    let spec = AddSpec {
+        backing: backing_path,
         name: name.clone(),
         mode: args.mode.mode().name().to_owned(),
         sequential_cutoff: args.sequential_cutoff,
         admission: args.admission.to_string(),
+        trust_export_name: args.trust_export_name,
     };
     let request = serde_json::to_string(&serde_json::json!({
         "request": "volume-add",
@@ -447,8 +473,9 @@ fn add(args: AddArgs) -> Result<()> {
         );
     }
     refuse_taken_name(&sb, &name, &args.cache)?;
-    let backing = open_device(&args.backing, "backing device", false, true)?;
-    let slot = new_slot(&sb, &spec, &*backing, &args.cache, 0)?;
+    let (backing, ident) = open_backing_device(&args.backing, "backing device", false)?;
+    refuse_undescribed_export(&ident, args.trust_export_name)?;
+    let slot = new_slot(&sb, &spec, ident, &args.cache, 0)?;
     let id = slot.id;
     sb.volumes.push(slot);
     sb.volumes.sort_by_key(|v| v.id);
@@ -501,12 +528,12 @@ fn refuse_device_of_another_volume(sb: &Superblock, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The slot of a new volume of `sb`: the lowest free id, the cache's policy, the identity of
-/// `backing` (opened at `spec.backing`), refusing a device another volume has.
+/// The slot of a new volume of `sb`: the lowest free id, the cache's policy, the backing
+/// device's identity `ident` (opened at `spec.backing`), refusing a device another volume has.
 fn new_slot(
     sb: &Superblock,
     spec: &AddSpec,
-    backing: &dyn BlockDevice,
+    ident: BackingIdentity,
     cache: &Path,
     retired: u32,
 ) -> Result<VolumeSlot> {
@@ -532,13 +559,7 @@ fn new_slot(
         .admission
         .parse()
         .map_err(|e| anyhow::anyhow!("admission {:?}: {e}", spec.admission))?;
-    let ident = identity::probe(&spec.backing, backing.size())
-        .with_context(|| format!("cannot identify backing device {}", spec.backing.display()))?;
-    if let Some(other) = sb.volumes.iter().find(|v| {
-        v.backing.stable_id == ident.stable_id
-            || (v.backing.st_dev, v.backing.st_ino, v.backing.st_rdev)
-                == (ident.st_dev, ident.st_ino, ident.st_rdev)
-    }) {
+    if let Some(other) = sb.volumes.iter().find(|v| same_backing(&v.backing, &ident)) {
         bail!(
             "{} is already the backing device of volume '{}'; a device can back one volume only",
             spec.backing.display(),
@@ -574,28 +595,35 @@ pub fn add_online(
 ) -> Result<serde_json::Value> {
     let spec: AddSpec =
         serde_json::from_value(request["spec"].clone()).context("bad volume-add request")?;
-    if !spec.backing.is_absolute() {
-        bail!(
-            "backing path {} is not absolute (the daemon's working directory is not yours)",
-            spec.backing.display()
-        );
-    }
-    check_kind(&spec.backing, "backing device")?;
-    if same_device(&daemon.cache_path, &spec.backing)? {
-        bail!("{} is the cache device itself", spec.backing.display());
+    let export = crate::devices::nbd_uri(&spec.backing)?;
+    if export.is_none() {
+        if !spec.backing.is_absolute() {
+            bail!(
+                "backing path {} is not absolute (the daemon's working directory is not yours)",
+                spec.backing.display()
+            );
+        }
+        check_kind(&spec.backing, "backing device")?;
+        if same_device(&daemon.cache_path, &spec.backing)? {
+            bail!("{} is the cache device itself", spec.backing.display());
+        }
     }
     let cache = &daemon.cache;
     let sb = cache.superblock();
     refuse_taken_name(&sb, &spec.name, &daemon.cache_path)?;
-    // Before opening: the daemon holds its volumes' devices locked, so opening one of them
-    // again would fail with a message about a lock instead of saying which volume has it.
-    refuse_device_of_another_volume(&sb, &spec.backing)?;
+    if export.is_none() {
+        // Before opening: the daemon holds its volumes' devices locked, so opening one of
+        // them again would fail with a message about a lock instead of saying which volume
+        // has it. (An export is compared by identity in `new_slot`.)
+        refuse_device_of_another_volume(&sb, &spec.backing)?;
+    }
     // Written through the cache from now on, and locked like every backing device it serves.
-    let backing = open_device(&spec.backing, "backing device", true, true)?;
+    let (backing, ident) = open_backing_device(&spec.backing, "backing device", true)?;
+    refuse_undescribed_export(&ident, spec.trust_export_name)?;
     let slot = new_slot(
         &sb,
         &spec,
-        &*backing,
+        ident,
         &daemon.cache_path,
         cache.retired_volume_ids(),
     )?;
@@ -623,6 +651,22 @@ pub fn add_online(
         "size": volume.size(),
         "volumes": cache.volumes().len(),
     }))
+}
+
+/// Whether two identities name one device. Local devices: the stable id, or the device and
+/// inode numbers. NBD exports (which have no such numbers): the URI, or a stable id that
+/// carries the server's description (a bare export name is shared by many servers).
+fn same_backing(a: &BackingIdentity, b: &BackingIdentity) -> bool {
+    match (a.kind, b.kind) {
+        (BackingKind::Nbd, BackingKind::Nbd) => {
+            a.path == b.path || (a.stable_id == b.stable_id && a.stable_id.contains('#'))
+        }
+        (BackingKind::Nbd, _) | (_, BackingKind::Nbd) => false,
+        _ => {
+            a.stable_id == b.stable_id
+                || (a.st_dev, a.st_ino, a.st_rdev) == (b.st_dev, b.st_ino, b.st_rdev)
+        }
+    }
 }
 
 /// Refuses a slot id that a line record of the cache's metadata still names (left by a removed

@@ -26,8 +26,23 @@ pub trait BlockDevice: Send + Sync {
     fn size(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
-    /// Makes every completed write durable (fdatasync).
+    /// Makes every completed write durable (fdatasync). An error of kind
+    /// [`io::ErrorKind::NotConnected`] says the flush could not reach the device (a network
+    /// device reconnecting) and that no write it would have covered is lost: the device keeps
+    /// them, and a later flush covers them. Any other error means writes may be lost.
     fn flush(&self) -> io::Result<()>;
+    /// Writes `buf` at `offset` durably on its own (a client's FUA), without flushing other
+    /// writes, where the device can (an NBD export with `NBD_FLAG_SEND_FUA`): `Some(result)`.
+    /// `None` (the default) where it cannot: the caller writes, then flushes.
+    fn write_fua(&self, buf: &[u8], offset: u64) -> Option<io::Result<()>> {
+        let _ = (buf, offset);
+        None
+    }
+    /// `Err(why)` while the device cannot be reached (a network device reconnecting); local
+    /// devices are always reachable (the default). For the volume's state in `stats`.
+    fn reachable(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Discards a range. Returns `Ok(false)` when the device cannot discard (a hint, not an error).
     fn discard(&self, offset: u64, len: u64) -> io::Result<bool>;
     /// Makes a range read as zeroes, cheaply where the device can.

@@ -465,7 +465,7 @@ impl Cache {
     fn plan(&self, batch_lines: usize, select: Select) -> Vec<DirtyLine> {
         // A batch of no lines would never move the sweep (review 17: a drain spun for ever).
         let batch_lines = batch_lines.max(1);
-        let offline = self.offline_volumes();
+        let offline = self.unwritable_volumes();
         if let Select::Coldest = select {
             let mut map = self.core().map();
             let mut passed = Vec::new();
@@ -1011,6 +1011,39 @@ impl Cache {
         set
     }
 
+    /// The volumes the cleaner writes nothing back to now: the offline ones, and those whose
+    /// backing device cannot be reached (a network export reconnecting). Writing to an
+    /// unreachable device would only fail, and each failed write is due for the next backing
+    /// flush (`commit.rs`), which would then fail every commit and client FLUSH of the volume
+    /// while it is away, when write-back can otherwise go on absorbing writes.
+    fn unwritable_volumes(&self) -> VolumeSet {
+        let mut set = self.offline_volumes();
+        for v in self.volumes().iter() {
+            if v.backing_unreachable().is_some() {
+                set.insert(v.id());
+            }
+        }
+        set
+    }
+
+    /// Why no dirty data of the volumes `scope` takes can be written back now, if a backing
+    /// device is unreachable.
+    fn unreachable_note(&self, scope: &dyn Fn(u16) -> bool) -> String {
+        let away: Vec<String> = self
+            .volumes()
+            .iter()
+            .filter(|v| scope(v.id()))
+            .filter_map(|v| {
+                v.backing_unreachable()
+                    .map(|why| format!("volume '{}': {why}", v.name()))
+            })
+            .collect();
+        if away.is_empty() {
+            return String::new();
+        }
+        format!("; backing device unreachable ({})", away.join("; "))
+    }
+
     /// Dirty lines of the volumes that are not offline: what the cleaner can write back. From
     /// the occupancy figures, without the map's lock.
     pub fn writable_dirty_lines(&self) -> u64 {
@@ -1250,8 +1283,10 @@ impl Cache {
                 if stuck_rounds > 3 {
                     return Err(EngineError::Format(format!(
                         "{} dirty bytes cannot be written back ({} extents failed in the last \
-                         batch): see the log for the device errors",
-                        left, r.extents_failed
+                         batch){}: see the log for the device errors",
+                        left,
+                        r.extents_failed,
+                        self.unreachable_note(&scope)
                     )));
                 }
             } else {

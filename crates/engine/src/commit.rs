@@ -175,6 +175,25 @@ impl Backing {
         self.write_with(|dev| dev.write_at(data, offset))
     }
 
+    /// A write that is durable when it returns: one FUA write where the device has them
+    /// ([`BlockDevice::write_fua`]), else a write and a [`Backing::flush`] (whose failure is
+    /// remembered as any flush's is).
+    pub fn write_durable(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let fua = self.write_with(|dev| Ok(dev.write_fua(data, offset)))?;
+        match fua {
+            Some(result) => result,
+            None => {
+                self.write_at(data, offset)?;
+                self.flush()
+            }
+        }
+    }
+
+    /// Why the device cannot be reached now, if it cannot ([`BlockDevice::reachable`]).
+    pub fn reachable(&self) -> std::result::Result<(), String> {
+        self.dev.reachable()
+    }
+
     /// [`Backing::flush`] with the engine's error naming the device.
     pub fn flush_checked(&self) -> Result<()> {
         self.flush().map_err(|source| EngineError::Backing {
@@ -206,6 +225,11 @@ impl Backing {
             return Ok(());
         }
         if let Err(e) = self.dev.flush() {
+            if e.kind() == io::ErrorKind::NotConnected {
+                // Not reached (a network device reconnecting): nothing it covers is lost
+                // (`BlockDevice::flush`), so a later flush may still vouch for the writes.
+                return Err(e);
+            }
             self.flush_failed.store(true, Ordering::SeqCst);
             tracing::error!(
                 "{}: flush failed ({e}); every later FLUSH of its volume fails until the daemon \

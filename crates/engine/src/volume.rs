@@ -96,6 +96,9 @@ pub enum VolumeState {
     /// device): nothing is served or written back; cached and dirty data are kept for the
     /// next start that finds it.
     Offline,
+    /// The backing device is a network export that cannot be reached now: it is being
+    /// reconnected; hits and write-back writes go on, what needs the device waits, then fails.
+    BackingUnreachable,
 }
 
 impl VolumeState {
@@ -106,6 +109,7 @@ impl VolumeState {
             VolumeState::CacheFailed => "cache failed, dirty data at risk",
             VolumeState::BackingFlushFailed => "backing device failed a flush, FLUSH refused",
             VolumeState::Offline => "offline, backing device unavailable",
+            VolumeState::BackingUnreachable => "backing device unreachable, reconnecting",
         }
     }
 }
@@ -330,6 +334,12 @@ impl Volume {
                 .is_none_or(|cap| map.occupancy(self.id).dirty_lines < cap)
     }
 
+    /// Why the volume's backing device cannot be reached now (a network export
+    /// reconnecting), if it cannot.
+    pub fn backing_unreachable(&self) -> Option<String> {
+        self.backing().reachable().err()
+    }
+
     /// Why the volume is offline (its backing device could not be opened at start), if it is.
     pub fn offline_reason(&self) -> Option<&str> {
         self.backing().offline_reason()
@@ -470,6 +480,8 @@ impl Volume {
                 VolumeState::Offline
             } else if self.backing().flush_failed() {
                 VolumeState::BackingFlushFailed
+            } else if self.backing().reachable().is_err() {
+                VolumeState::BackingUnreachable
             } else {
                 self.state()
             },
@@ -594,7 +606,10 @@ impl Volume {
             VolumeState::PassThroughAfterErrors => 1,
             VolumeState::CacheFailed => 2,
             // Not states of the cache device (the backing one's is read from it directly).
-            VolumeState::Healthy | VolumeState::BackingFlushFailed | VolumeState::Offline => return,
+            VolumeState::Healthy
+            | VolumeState::BackingFlushFailed
+            | VolumeState::Offline
+            | VolumeState::BackingUnreachable => return,
         };
         if self.state.swap(code, Ordering::AcqRel) != code {
             let dirty = self.core.map().occupancy(self.id).dirty_sectors * SECTOR_SIZE;
@@ -655,13 +670,14 @@ impl Volume {
         in_flight: WriteInFlight<'_>,
     ) -> Result<()> {
         self.core.note_client_backing_io();
-        let written = self.backing().write_at(data, offset);
+        let written = if fua {
+            self.backing().write_durable(data, offset)
+        } else {
+            self.backing().write_at(data, offset)
+        };
         drop(in_flight);
         written.map_err(|e| self.backing_err(e))?;
         self.count(Counter::BytesToBacking, data.len() as u64);
-        if fua {
-            self.flush_backing()?;
-        }
         Ok(())
     }
 

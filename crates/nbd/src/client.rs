@@ -689,19 +689,27 @@ impl<S: NbdStream, T> ReplyReceiver<S, T> {
         }
         let error = be_u32(&header[4..8]);
         let cookie = be_u64(&header[8..16]);
-        let Some((request, tag)) = self.in_flight.lock().requests.remove(&cookie) else {
+        let request = self.in_flight.lock().requests.get(&cookie).map(|(r, _)| *r);
+        let Some(request) = request else {
             return Err(ClientError::Protocol(format!(
                 "reply to cookie {cookie:#x}, which has no request in flight"
             )));
         };
-        self.in_flight.slot_freed.notify_all();
         if error == 0 && request.command == Command::Read {
-            // The length was checked against max_request when sent.
+            // The length was checked against max_request when sent. Read before the request
+            // leaves the map: if its data never arrives whole, `into_unanswered` still hands
+            // its tag back.
             data.resize(request.length as usize, 0);
             self.stream
                 .read_exact(data)
                 .map_err(ClientError::io("reading READ data"))?;
         }
+        let Some((request, tag)) = self.in_flight.lock().requests.remove(&cookie) else {
+            return Err(ClientError::Protocol(format!(
+                "request {cookie:#x} left the map while its reply was read"
+            )));
+        };
+        self.in_flight.slot_freed.notify_all();
         Ok(Reply {
             cookie,
             header: request,

@@ -32,13 +32,16 @@
 //! reply is waited for [`RemoteConfig::io_timeout`]; then the connection is declared dead.
 //! Replay log: see `replay.rs`. Threads: one receiver per connection and one supervisor.
 
-use std::io;
+use std::io::{self, Write};
 use std::net::Shutdown;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use rustix::fs::{flock, FlockOperation};
+use rustix::io::Errno as OsErrno;
 use ssdcache_device::{write_zeroes_by_writing, BlockDevice};
 use ssdcache_format::superblock::STABLE_ID_LEN;
 use ssdcache_format::{BackingIdentity, BackingKind};
@@ -47,9 +50,9 @@ use ssdcache_nbd::client::{
 };
 use ssdcache_nbd::proto::{
     NBD_ESHUTDOWN, NBD_FLAG_CAN_MULTI_CONN, NBD_FLAG_READ_ONLY, NBD_FLAG_SEND_FLUSH,
-    NBD_FLAG_SEND_TRIM, NBD_FLAG_SEND_WRITE_ZEROES,
+    NBD_FLAG_SEND_FUA, NBD_FLAG_SEND_TRIM, NBD_FLAG_SEND_WRITE_ZEROES,
 };
-use ssdcache_nbd::{Errno, NbdStream};
+use ssdcache_nbd::{Command, Errno, NbdStream};
 use tracing::{info, warn};
 
 use crate::replay::{Change, ReplayLog};
@@ -77,9 +80,11 @@ pub struct RemoteConfig {
     pub max_request: u32,
     /// Bound of connecting and of the handshake.
     pub connect_timeout: Duration,
-    /// How long a reply may take while requests are in flight before the connection is
-    /// declared dead and re-established.
+    /// How long a reply may take before its connection is declared dead and re-established
+    /// (a FLUSH: [`RemoteConfig::flush_timeout`]); also each socket write.
     pub io_timeout: Duration,
+    /// How long a FLUSH's reply may take (a store may write a lot back for it).
+    pub flush_timeout: Duration,
     /// How long requests wait through an outage (reconnecting) before they fail.
     pub retry_timeout: Duration,
     /// Bytes of acknowledged, unflushed writes kept for replay before a flush is forced.
@@ -94,6 +99,7 @@ impl Default for RemoteConfig {
             max_request: 4 << 20,
             connect_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(30),
+            flush_timeout: Duration::from_secs(120),
             retry_timeout: Duration::from_secs(60),
             replay_limit: 64 << 20,
         }
@@ -137,6 +143,8 @@ pub struct RemoteStatus {
 pub struct NbdDevice {
     shared: Arc<Shared>,
     supervisor: Option<JoinHandle<()>>,
+    /// Host-wide locks held while the device is open ([`NbdDevice::lock_on_host`]).
+    host_locks: Vec<std::fs::File>,
 }
 
 type Tag = Arc<Completion>;
@@ -242,6 +250,15 @@ fn dial(uri: &NbdUri, config: &RemoteConfig) -> Result<Halves, RemoteError> {
             uri: uri.to_string(),
             source,
         })?;
+    // The receiver waits for replies without a socket timeout: a socket timeout runs from
+    // when an idle wait began, not from when a request was sent. Each caller times its own
+    // reply instead (`Shared::await_reply`) and shuts the socket when it is late.
+    socket
+        .set_read_timeout_stream(None)
+        .map_err(|source| RemoteError::Connect {
+            uri: uri.to_string(),
+            source,
+        })?;
     Ok((sender, receiver, socket))
 }
 
@@ -282,8 +299,19 @@ fn other_export(first: &ExportDetails, now: &ExportDetails) -> Option<String> {
             first.description, now.description
         ));
     }
-    if first.min_block != now.min_block || now.has_flag(NBD_FLAG_READ_ONLY) {
-        return Some("its block size or writability changed".into());
+    // What the device decided from the first connection (FLUSH or not, FUA, multi-conn,
+    // TRIM, WRITE_ZEROES, request sizes, the replay log's pieces) must still hold.
+    if first.flags != now.flags {
+        return Some(format!(
+            "its transmission flags were {:#06x}, are now {:#06x}",
+            first.flags, now.flags
+        ));
+    }
+    if (first.min_block, first.max_request) != (now.min_block, now.max_request) {
+        return Some(format!(
+            "its block sizes were {} to {} bytes, are now {} to {}",
+            first.min_block, first.max_request, now.min_block, now.max_request
+        ));
     }
     None
 }
@@ -316,11 +344,14 @@ pub fn export_stamp(export_name: &str, description: Option<&str>) -> String {
     if full.len() <= STABLE_ID_LEN {
         return full;
     }
-    // FNV-1a: stable across builds and platforms, which is all a stamp needs.
-    let hash = full.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    format!("nbd-fnv64:{:016x}", fnv64(&full))
+}
+
+/// FNV-1a: stable across builds and platforms, which is all a stamp or a lock name needs.
+fn fnv64(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("nbd-fnv64:{hash:016x}")
+    })
 }
 
 impl NbdDevice {
@@ -384,7 +415,55 @@ impl NbdDevice {
         Ok(NbdDevice {
             shared,
             supervisor: Some(supervisor),
+            host_locks: Vec::new(),
         })
+    }
+
+    /// Locks the export for this process on this host (`flock` on files in `dir`, named after
+    /// its URI and, when the server describes it, its identity), as local backing devices are
+    /// locked: a second ssdcache on the host is refused it, since two caches writing back to
+    /// one export would overwrite each other's data. Held until the device is dropped.
+    /// Another host cannot be seen from here.
+    pub fn lock_on_host(&mut self, dir: &Path) -> Result<(), RemoteError> {
+        let ident = self.identity();
+        let mut keys = vec![ident.path.clone()];
+        if ident.stable_id.contains('#') || ident.stable_id.starts_with("nbd-fnv64:") {
+            keys.push(ident.stable_id);
+        }
+        let fail = |why: String| RemoteError::Unusable {
+            uri: self.shared.uri.to_string(),
+            why,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| {
+            fail(format!(
+                "cannot make the lock folder {}: {e}",
+                dir.display()
+            ))
+        })?;
+        for key in keys {
+            let path = dir.join(format!("export-{:016x}.lock", fnv64(&key)));
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| fail(format!("cannot open the lock {}: {e}", path.display())))?;
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(OsErrno::WOULDBLOCK) => {
+                    return Err(fail(format!(
+                        "another ssdcache process on this host is using this export (lock {}); \
+                         two caches in front of one export would overwrite each other's data",
+                        path.display()
+                    )))
+                }
+                Err(e) => return Err(fail(format!("cannot lock {}: {e}", path.display()))),
+            }
+            // For whoever finds the file: which export it locks.
+            let _ = file.set_len(0).and_then(|()| writeln!(file, "{key}"));
+            self.host_locks.push(file);
+        }
+        Ok(())
     }
 
     /// What the cache records about this export to recognise it at every start.
@@ -444,9 +523,9 @@ impl Drop for NbdDevice {
             }
             let _ = link.socket.shutdown_stream(Shutdown::Both);
         }
-        if let Some(supervisor) = self.supervisor.take() {
-            let _ = supervisor.join();
-        }
+        // Not joined: it may be inside a connection attempt (bounded by connect_timeout per
+        // connection); it sees `stopping` when that ends, closes what it opened and exits.
+        drop(self.supervisor.take());
         let log = lock(&self.shared.log);
         if log.len() > 0 {
             warn!(
@@ -740,9 +819,7 @@ impl Shared {
         io::Error::new(
             io::ErrorKind::NotConnected,
             format!(
-                "the backing export {} has been unreachable for {} s ({last_error}); still \
-                 reconnecting",
-                self.uri,
+                "unreachable for {} s ({last_error}); still reconnecting",
                 since.elapsed().as_secs()
             ),
         )
@@ -776,7 +853,12 @@ impl Shared {
                     continue;
                 }
             }
-            match self.await_reply(&link, &completion) {
+            let timeout = if request.command == Command::Flush {
+                self.config.flush_timeout
+            } else {
+                self.config.io_timeout
+            };
+            match self.await_reply(&link, &completion, timeout) {
                 Outcome::Done(data) => return Ok(data),
                 Outcome::Refused(NBD_ESHUTDOWN) => {
                     self.link_failed(link.generation, "the server is shutting down (ESHUTDOWN)");
@@ -788,16 +870,19 @@ impl Shared {
         }
     }
 
-    fn await_reply(&self, link: &Link, completion: &Completion) -> Outcome {
-        loop {
-            if let Some(outcome) = completion.wait(self.config.io_timeout) {
-                return outcome;
-            }
-            // Its receiver hands the request back as dropped once the socket is shut.
-            let why = format!("no reply within {} s", self.config.io_timeout.as_secs());
-            self.link_failed(link.generation, &why);
-            let _ = link.socket.shutdown_stream(Shutdown::Both);
+    /// Waits `timeout` for the answer; then declares the connection dead (its receiver hands
+    /// the request back as dropped once the socket is shut) and waits for that, at most
+    /// `io_timeout` more before taking it as dropped anyway.
+    fn await_reply(&self, link: &Link, completion: &Completion, timeout: Duration) -> Outcome {
+        if let Some(outcome) = completion.wait(timeout) {
+            return outcome;
         }
+        let why = format!("no reply within {} s", timeout.as_secs_f64());
+        self.link_failed(link.generation, &why);
+        let _ = link.socket.shutdown_stream(Shutdown::Both);
+        completion
+            .wait(self.config.io_timeout)
+            .unwrap_or(Outcome::Dropped)
     }
 
     /// Sends a change that must survive a server restart: kept in the replay log from
@@ -872,6 +957,37 @@ impl BlockDevice for NbdDevice {
 
     fn flush(&self) -> io::Result<()> {
         self.shared.flush()
+    }
+
+    fn write_fua(&self, buf: &[u8], offset: u64) -> Option<io::Result<()>> {
+        if !self.shared.export.has_flag(NBD_FLAG_SEND_FUA) {
+            return None;
+        }
+        let max = u64::from(self.shared.export.max_request);
+        let result = pieces(offset, buf.len() as u64, max).try_for_each(|(at, len)| {
+            let from = (at - offset) as usize;
+            let data = &buf[from..from + len as usize];
+            let change = Change::Write {
+                offset: at,
+                data: data.to_vec(),
+            };
+            // Kept like any write although it is durable once answered: an older write of
+            // the range still kept would otherwise be replayed over it.
+            self.shared.run_kept(change, Request::write(at, data).fua())
+        });
+        Some(result)
+    }
+
+    fn reachable(&self) -> Result<(), String> {
+        let state = lock(&self.shared.state);
+        if state.up {
+            return Ok(());
+        }
+        let down_for = state.down_since.map_or(0, |t| t.elapsed().as_secs());
+        Err(format!(
+            "{} unreachable for {down_for} s ({})",
+            self.shared.uri, state.last_error
+        ))
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<bool> {

@@ -8,11 +8,15 @@
 //! A caller that was told "written" can then rely on the next successful `flush` as the
 //! engine does: it marks data clean, or answers a client's FLUSH, only after one.
 //!
-//! Bound: the log holds at most [`ReplayLog::limit`] bytes of acknowledged writes (past it,
-//! the device flushes before it sends another write) plus the writes in flight.
+//! Bound: the log holds at most `limit` bytes and [`MAX_ENTRIES`] entries of acknowledged
+//! writes (past either, the device flushes before it sends another write) plus the writes in
+//! flight.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Most entries kept before a flush is forced, whatever their bytes.
+pub(crate) const MAX_ENTRIES: usize = 16_384;
 
 /// A change to the export's contents that must be re-sent if the server may have lost it.
 #[derive(Debug)]
@@ -60,9 +64,10 @@ impl ReplayLog {
         }
     }
 
-    /// Whether the log is past its limit: the device flushes before it sends more.
+    /// Whether the log is past its limit: the device flushes before it sends more. Past
+    /// [`MAX_ENTRIES`] entries too (WRITE_ZEROES entries carry no bytes).
     pub(crate) fn over_limit(&self) -> bool {
-        self.bytes > self.limit
+        self.bytes > self.limit || self.entries.len() > MAX_ENTRIES
     }
 
     /// Records a change about to be sent; returns its sequence number.

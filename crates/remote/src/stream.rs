@@ -4,7 +4,11 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::net::{socket_with, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use ssdcache_nbd::NbdStream;
 
@@ -19,7 +23,7 @@ impl Stream {
     /// Connects within `timeout` (each address a name resolves to in turn, for TCP).
     pub(crate) fn connect(endpoint: &Endpoint, timeout: Duration) -> io::Result<Stream> {
         match endpoint {
-            Endpoint::Unix { socket } => UnixStream::connect(socket).map(Stream::Unix),
+            Endpoint::Unix { socket } => connect_unix(socket, timeout).map(Stream::Unix),
             Endpoint::Tcp { host, port } => {
                 let mut last = None;
                 for addr in (host.as_str(), *port).to_socket_addrs()? {
@@ -38,6 +42,42 @@ impl Stream {
             }
         }
     }
+}
+
+/// `UnixStream::connect` with a time limit: a server that accepts nothing (hung, stopped) with
+/// a full backlog makes a blocking connect wait for ever, while a non-blocking one says
+/// `EAGAIN` at once and is tried again until `timeout`.
+fn connect_unix(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    let deadline = Instant::now() + timeout;
+    let addr = SocketAddrUnix::new(path)?;
+    let fd = socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    loop {
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) | Err(Errno::ISCONN) => break,
+            Err(Errno::AGAIN | Errno::INPROGRESS | Errno::ALREADY | Errno::INTR) => {
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "{} accepted no connection within {} s (the server is hung or stopped)",
+                            path.display(),
+                            timeout.as_secs_f64()
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 impl Read for Stream {
