@@ -20,6 +20,7 @@ import statistics
 import sys
 
 import hddreport
+import netreport
 import simreport
 import wbreport
 
@@ -564,6 +565,7 @@ def main():
         commands = wbreport.other_commands(commands)   # section 3 lists its own
     out.extend(simreport.section(res))
     out.extend(engine_section(res))
+    out.extend(netreport.section(res))
     w("## Commands")
     w("")
     w("As run by `bench/run` (`$T` is the scratch folder, `.` the repository; RESULT.json is one file per run"
