@@ -106,6 +106,10 @@ out=$(ssd volume add --cache cache.img --backing "$OTHER_URI" --name vol1 --mode
 assert_eq "$(nbdinfo --size "$(nbd_uri "$SOCK" vol1)")" $((64 << 20)) "size of the added export"
 qemu-io -f raw -c "write -P 0x5a 0 1M" "$(nbd_uri "$SOCK" vol1)" >/dev/null ||
     fail "write to the added export failed"
+# The same export spelt another way (review 48) is still the same export.
+expect_status 1 "the same export added twice" "already the backing device|another ssdcache" \
+    "$SSDCACHE_BIN" volume add --cache cache.img --name vol2 --trust-export-name \
+    --backing "nbd+unix:///other?socket=$TEST_DIR//other.sock"
 out=$(ssd volume remove --cache cache.img --name vol1 2>&1) ||
     fail "volume remove of the added export failed: $out"
 out=$(qemu-io -f raw -c "read -P 0x5a 0 1M" "$OTHER_URI" 2>&1)

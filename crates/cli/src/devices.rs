@@ -169,7 +169,7 @@ pub fn open_backing_device(
     write: bool,
 ) -> Result<(Arc<dyn BlockDevice>, BackingIdentity)> {
     if let Some(uri) = nbd_uri(path)? {
-        let dev = open_export(uri, what)?;
+        let dev = open_export(uri.canonical(), what)?;
         let ident = dev.identity();
         return Ok((Arc::new(dev), ident));
     }

@@ -26,10 +26,11 @@ pub trait BlockDevice: Send + Sync {
     fn size(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
-    /// Makes every completed write durable (fdatasync). An error of kind
-    /// [`io::ErrorKind::NotConnected`] says the flush could not reach the device (a network
-    /// device reconnecting) and that no write it would have covered is lost: the device keeps
-    /// them, and a later flush covers them. Any other error means writes may be lost.
+    /// Makes every completed write durable (fdatasync). An error made by [`unreached`] says
+    /// the flush could not reach the device (a network device reconnecting) and that no write
+    /// it would have covered is lost: the device keeps them, and a later flush covers them.
+    /// Any other error (whatever its kind: a network filesystem's `ENOTCONN` is not this) means
+    /// writes may be lost.
     fn flush(&self) -> io::Result<()>;
     /// Writes `buf` at `offset` durably on its own (a client's FUA), without flushing other
     /// writes, where the device can (an NBD export with `NBD_FLAG_SEND_FUA`): `Some(result)`.
@@ -69,6 +70,30 @@ pub trait BlockDevice: Send + Sync {
         let _ = (offset, max_runs);
         Ok(vec![Run { len, hole: false }])
     }
+}
+
+/// The error of a request that never reached its device: a network device that is
+/// reconnecting. Made only by devices that can promise it ([`unreached`]): a write failing so
+/// did not land anywhere, and a flush failing so lost nothing it would have covered.
+#[derive(Debug)]
+pub struct Unreached(pub String);
+
+impl std::fmt::Display for Unreached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreached {}
+
+/// An [`Unreached`] error (kind `NotConnected`) saying `why`.
+pub fn unreached(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, Unreached(why))
+}
+
+/// Whether `e` was made by [`unreached`]: the request never reached its device.
+pub fn is_unreached(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Unreached>())
 }
 
 /// A run of bytes that are all allocated or all a hole ([`BlockDevice::allocation`]).

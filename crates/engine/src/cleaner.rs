@@ -86,6 +86,10 @@ pub struct BatchReport {
 const DRAIN_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// ... and gives up after this many tries in a row (30 s of pauses).
 const DRAIN_BUSY_ROUNDS: u32 = 3000;
+/// How long a drain waits for a backing device that cannot be reached (a network export
+/// reconnecting) before it fails naming it: as long as that device's requests wait
+/// (`ssdcache_remote::RemoteConfig::retry_timeout`'s default).
+const DRAIN_UNREACHABLE_WAIT: Duration = Duration::from_secs(60);
 
 /// The state a cache keeps for its cleaner thread.
 pub(crate) struct CleanerState {
@@ -653,7 +657,7 @@ impl Cache {
         watches.watch(extent);
         let _in_flight = volume.backing().begin_writeback(extent.offset, extent.len);
         drop(held);
-        if let Err(e) = volume.backing().write_at(&buf, extent.offset) {
+        if let Err(e) = volume.backing().write_back_at(&buf, extent.offset) {
             volume.count_pub(Counter::BackingErrors, 1);
             tracing::warn!(volume = %volume.name(), "writeback to {} failed: {e}", volume.backing().describe());
             return Outcome::Failed;
@@ -1044,12 +1048,13 @@ impl Cache {
         format!("; backing device unreachable ({})", away.join("; "))
     }
 
-    /// Dirty lines of the volumes that are not offline: what the cleaner can write back. From
-    /// the occupancy figures, without the map's lock.
+    /// Dirty lines of the volumes that are not offline and whose backing device can be
+    /// reached: what the cleaner can write back now (with only others' dirty lines, it waits
+    /// instead of planning empty batches). From the occupancy figures, without the map's lock.
     pub fn writable_dirty_lines(&self) -> u64 {
         self.volumes()
             .iter()
-            .filter(|v| v.offline_reason().is_none())
+            .filter(|v| v.offline_reason().is_none() && v.backing_unreachable().is_none())
             .map(|v| self.core().occupancy.of(v.id()).dirty_lines)
             .sum()
     }
@@ -1126,7 +1131,7 @@ impl Cache {
             let share = writable as f64 / (line_count - stuck).max(1.0);
             above_high = share >= cfg.high_watermark || (above_high && share > cfg.low_watermark);
             if oldest_checked.elapsed() >= Duration::from_secs(1) {
-                let offline = self.offline_volumes();
+                let offline = self.unwritable_volumes();
                 let map = self.core().map_read();
                 oldest = map.oldest_dirty_since(&|volume| !offline.contains(volume));
                 // What the metric shows includes offline volumes' dirty data: the most at risk.
@@ -1252,12 +1257,23 @@ impl Cache {
         }
         let mut stuck_rounds = 0;
         let mut busy_rounds = 0;
+        let mut unreachable_since: Option<Instant> = None;
         loop {
             let left = dirty_left();
             if left == 0 || !progress(left) {
                 return self.commit();
             }
             let r = self.clean_batch(cfg, cfg.max_in_flight, select)?;
+            if r.lines_cleaned == 0 && !self.unreachable_note(&scope).is_empty() {
+                // A backing device reconnecting: wait for it as its requests do, bounded.
+                let since = *unreachable_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < DRAIN_UNREACHABLE_WAIT {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            } else {
+                unreachable_since = None;
+            }
             if r.lines_cleaned == 0 {
                 let damaged = self.damaged_ranges_of(&scope);
                 if !damaged.is_empty() {

@@ -30,8 +30,12 @@ use crate::sync::{Condvar, Mutex, MutexGuard};
 pub(crate) struct Backing {
     dev: Arc<dyn BlockDevice>,
     /// Writes (also TRIM, WRITE_ZEROES, and failed ones, which may have landed in part) that
-    /// have returned.
+    /// have returned; not those that never reached the device (`ssdcache_device::unreached`).
     completed: AtomicU64,
+    /// The value of `completed` after the last client write (not the cleaner's writebacks)
+    /// returned: what a commit and a client's FLUSH need durable. The cleaner marks nothing
+    /// clean before its own flush covered its writes, so no record depends on them.
+    client_completed: AtomicU64,
     /// The value of `completed` read just before the last successful flush began: every write
     /// counted up to there is durable.
     flushed: AtomicU64,
@@ -52,6 +56,7 @@ impl Backing {
             dev,
             // Nothing unflushed yet: `Cache::open` flushed the device before reading it.
             completed: AtomicU64::new(0),
+            client_completed: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
             flush_failed: AtomicBool::new(false),
             order: BackingOrder::new(),
@@ -166,13 +171,33 @@ impl Backing {
         &self,
         op: impl FnOnce(&dyn BlockDevice) -> io::Result<T>,
     ) -> io::Result<T> {
-        let result = op(&*self.dev);
-        self.completed.fetch_add(1, Ordering::SeqCst);
+        let result = self.write_counted(op);
+        self.client_completed
+            .fetch_max(self.completed.load(Ordering::SeqCst), Ordering::SeqCst);
         result
     }
 
+    /// Counts the write as [`Backing::write_with`] does, unless it never reached the device.
+    fn write_counted<T>(
+        &self,
+        op: impl FnOnce(&dyn BlockDevice) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let result = op(&*self.dev);
+        if !matches!(&result, Err(e) if ssdcache_device::is_unreached(e)) {
+            self.completed.fetch_add(1, Ordering::SeqCst);
+        }
+        result
+    }
+
+    /// A client's write (write-through, write-around, a bypass): commits and FLUSHes cover it.
     pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.write_with(|dev| dev.write_at(data, offset))
+    }
+
+    /// The cleaner's writeback: covered by its own flush ([`Backing::flush`]) before anything
+    /// is marked clean, not needed by commits or a client's FLUSH.
+    pub fn write_back_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.write_counted(|dev| dev.write_at(data, offset))
     }
 
     /// A write that is durable when it returns: one FUA write where the device has them
@@ -211,6 +236,30 @@ impl Backing {
         })
     }
 
+    /// Makes every client write that returned before this call durable (what a commit and a
+    /// client's FLUSH need; [`Backing::flush`] covers the cleaner's too). No device flush when
+    /// none returned since the last flush, so an unreachable device whose only unflushed
+    /// writes are the cleaner's holds up no commit.
+    pub fn flush_client_writes(&self) -> io::Result<()> {
+        if self.flush_failed() {
+            return self.flush();
+        }
+        let target = self.client_completed.load(Ordering::SeqCst);
+        if self.flushed.load(Ordering::SeqCst) >= target {
+            return Ok(());
+        }
+        self.flush()
+    }
+
+    /// [`Backing::flush_client_writes`] with the engine's error naming the device.
+    pub fn flush_client_writes_checked(&self) -> Result<()> {
+        self.flush_client_writes()
+            .map_err(|source| EngineError::Backing {
+                device: self.describe(),
+                source,
+            })
+    }
+
     /// Makes every write that returned before this call durable; no device flush when none
     /// returned since the last flush that covered them.
     pub fn flush(&self) -> io::Result<()> {
@@ -225,9 +274,11 @@ impl Backing {
             return Ok(());
         }
         if let Err(e) = self.dev.flush() {
-            if e.kind() == io::ErrorKind::NotConnected {
+            if ssdcache_device::is_unreached(&e) {
                 // Not reached (a network device reconnecting): nothing it covers is lost
                 // (`BlockDevice::flush`), so a later flush may still vouch for the writes.
+                // Only a device that can promise it says so: a network filesystem's ENOTCONN
+                // from fdatasync is a lost write like any other (review 48).
                 return Err(e);
             }
             self.flush_failed.store(true, Ordering::SeqCst);
@@ -696,7 +747,7 @@ impl CacheCore {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         for backing in &backings {
-            backing.flush_checked()?;
+            backing.flush_client_writes_checked()?;
         }
         Ok(())
     }

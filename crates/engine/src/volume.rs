@@ -683,7 +683,9 @@ impl Volume {
 
     /// Makes every write that returned from the backing device before this call durable.
     fn flush_backing(&self) -> Result<()> {
-        self.backing().flush().map_err(|e| self.backing_err(e))
+        self.backing()
+            .flush_client_writes()
+            .map_err(|e| self.backing_err(e))
     }
 
     fn slot_offset(&self, slot: u32, seg: &Segment) -> u64 {

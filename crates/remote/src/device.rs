@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{flock, FlockOperation};
 use rustix::io::Errno as OsErrno;
-use ssdcache_device::{write_zeroes_by_writing, BlockDevice};
+use ssdcache_device::{unreached, write_zeroes_by_writing, BlockDevice};
 use ssdcache_format::superblock::STABLE_ID_LEN;
 use ssdcache_format::{BackingIdentity, BackingKind};
 use ssdcache_nbd::client::{
@@ -57,7 +57,7 @@ use tracing::{info, warn};
 
 use crate::replay::{Change, ReplayLog};
 use crate::stream::Stream;
-use crate::uri::NbdUri;
+use crate::uri::{Endpoint, NbdUri};
 
 /// First wait before reconnecting; it doubles up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -154,6 +154,8 @@ struct Shared {
     config: RemoteConfig,
     /// As the first connection found it; every later one must agree.
     export: ExportDetails,
+    /// Who the first connection reached (`tcp:IP:PORT`, or the Unix socket's path).
+    peer: String,
     connections: usize,
     state: Mutex<State>,
     changed: Condvar,
@@ -179,6 +181,10 @@ struct Link {
     sender: Mutex<Option<RequestSender<Stream, Tag>>>,
     /// Another handle to the socket, to shut it down from any thread.
     socket: Stream,
+    /// WRITE and WRITE_ZEROES requests sent on it and not answered. While there are any, a
+    /// late reply never makes the device drop the connection: the server could still carry
+    /// them out after newer writes sent on the next connection (NBD cannot cancel a request).
+    writes_in_flight: AtomicUsize,
 }
 
 /// Where the receiver leaves a reply for the caller waiting on it.
@@ -369,6 +375,13 @@ impl NbdDevice {
         }
         let first = dial(&uri, &config)?;
         let export = first.0.export().clone();
+        let peer = match (&uri.endpoint, &first.2) {
+            (Endpoint::Tcp { .. }, socket) => socket.peer_label(),
+            (Endpoint::Unix { socket }, _) => std::fs::canonicalize(socket)
+                .unwrap_or_else(|_| socket.clone())
+                .display()
+                .to_string(),
+        };
         if let Some(why) = unusable(&export) {
             return Err(RemoteError::Unusable {
                 uri: uri.to_string(),
@@ -385,6 +398,7 @@ impl NbdDevice {
             uri,
             config,
             export,
+            peer,
             connections,
             state: Mutex::new(State {
                 up: false,
@@ -426,7 +440,12 @@ impl NbdDevice {
     /// Another host cannot be seen from here.
     pub fn lock_on_host(&mut self, dir: &Path) -> Result<(), RemoteError> {
         let ident = self.identity();
-        let mut keys = vec![ident.path.clone()];
+        // The address as connected (a TCP peer's IP and port: `localhost` and `127.0.0.1`
+        // are one server) and as written, canonical (a Unix socket's resolved path).
+        let mut keys = vec![
+            format!("{}/{}", self.shared.peer, self.shared.uri.export),
+            self.shared.uri.canonical().to_string(),
+        ];
         if ident.stable_id.contains('#') || ident.stable_id.starts_with("nbd-fnv64:") {
             keys.push(ident.stable_id);
         }
@@ -584,6 +603,7 @@ impl Shared {
             generation,
             sender: Mutex::new(Some(sender)),
             socket,
+            writes_in_flight: AtomicUsize::new(0),
         });
         let shared = Arc::clone(self);
         thread::Builder::new()
@@ -750,9 +770,21 @@ impl Shared {
         self.finish_replay_batch(&mut batch)
     }
 
+    /// Waits for every re-sent write of the batch, as long as the connection lives (a write
+    /// is never given up on while the server may still carry it out: `Link::writes_in_flight`);
+    /// a dead connection hands them back as dropped.
     fn finish_replay_batch(&self, batch: &mut Vec<(Tag, (u64, u64))>) -> Result<(), String> {
         for (completion, _) in batch.drain(..) {
-            match completion.wait(self.config.io_timeout) {
+            let outcome = loop {
+                if let Some(outcome) = completion.wait(self.config.io_timeout) {
+                    break outcome;
+                }
+                if lock(&self.state).stopping {
+                    return Err("the device is closing".into());
+                }
+                warn!(uri = %self.uri, "a re-sent write has waited {} s for its reply", self.config.io_timeout.as_secs());
+            };
+            match Some(outcome) {
                 Some(Outcome::Done(_)) => {}
                 Some(Outcome::Refused(code)) => {
                     return Err(format!(
@@ -815,14 +847,13 @@ impl Shared {
         }
     }
 
+    /// The error of a request that was never sent because the export has been unreachable
+    /// too long ([`ssdcache_device::unreached`]: nothing of it landed).
     fn unreachable(&self, last_error: &str, since: Instant) -> io::Error {
-        io::Error::new(
-            io::ErrorKind::NotConnected,
-            format!(
-                "unreachable for {} s ({last_error}); still reconnecting",
-                since.elapsed().as_secs()
-            ),
-        )
+        unreached(format!(
+            "unreachable for {} s ({last_error}); still reconnecting",
+            since.elapsed().as_secs()
+        ))
     }
 
     /// Sends `request` and waits for its answer, re-issuing it after a reconnection; gives
@@ -832,16 +863,32 @@ impl Shared {
         loop {
             if let Some(t) = first_drop {
                 if t.elapsed() >= self.config.retry_timeout {
+                    // Sent at least once: it may have landed, so not `unreached`.
                     let last = lock(&self.state).last_error.clone();
-                    return Err(self.unreachable(&last, t));
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!(
+                            "no answer through {} s of reconnections ({last})",
+                            t.elapsed().as_secs()
+                        ),
+                    ));
                 }
             }
             let link = self.wait_up()?;
             let completion = Tag::default();
+            let is_write = matches!(request.command, Command::Write | Command::WriteZeroes);
             let sent = match lock(&link.sender).as_mut() {
-                Some(sender) => sender.send(request, Arc::clone(&completion)),
+                Some(sender) => {
+                    if is_write {
+                        link.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+                    }
+                    sender.send(request, Arc::clone(&completion))
+                }
                 None => Err(ClientError::Closed { in_flight: 0 }),
             };
+            if is_write && sent.is_err() {
+                link.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
             match sent {
                 Ok(_) => {}
                 Err(ClientError::InvalidRequest(message)) => {
@@ -858,7 +905,11 @@ impl Shared {
             } else {
                 self.config.io_timeout
             };
-            match self.await_reply(&link, &completion, timeout) {
+            let outcome = self.await_reply(&link, &completion, timeout);
+            if is_write {
+                link.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+            match outcome {
                 Outcome::Done(data) => return Ok(data),
                 Outcome::Refused(NBD_ESHUTDOWN) => {
                     self.link_failed(link.generation, "the server is shutting down (ESHUTDOWN)");
@@ -872,12 +923,27 @@ impl Shared {
 
     /// Waits `timeout` for the answer; then declares the connection dead (its receiver hands
     /// the request back as dropped once the socket is shut) and waits for that, at most
-    /// `io_timeout` more before taking it as dropped anyway.
+    /// `io_timeout` more before taking it as dropped anyway. Not while writes are in flight on
+    /// the connection: the server could still carry them out after their callers sent them
+    /// again and newer writes followed (review 48), so then it waits as long as the
+    /// connection lives (a dead peer ends it: EOF, a reset, TCP keepalive), logging.
     fn await_reply(&self, link: &Link, completion: &Completion, timeout: Duration) -> Outcome {
-        if let Some(outcome) = completion.wait(timeout) {
-            return outcome;
+        let mut waited = Duration::ZERO;
+        loop {
+            if let Some(outcome) = completion.wait(timeout) {
+                return outcome;
+            }
+            waited += timeout;
+            if link.writes_in_flight.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            warn!(
+                uri = %self.uri,
+                "no reply for {} s with writes in flight; waiting (NBD cannot cancel a write)",
+                waited.as_secs()
+            );
         }
-        let why = format!("no reply within {} s", timeout.as_secs_f64());
+        let why = format!("no reply within {} s", waited.as_secs_f64());
         self.link_failed(link.generation, &why);
         let _ = link.socket.shutdown_stream(Shutdown::Both);
         completion
@@ -904,7 +970,15 @@ impl Shared {
     fn flush(&self) -> io::Result<()> {
         let covered = lock(&self.log).acknowledged_now();
         if self.export.has_flag(NBD_FLAG_SEND_FLUSH) {
-            self.run(Request::flush())?;
+            self.run(Request::flush()).map_err(|e| {
+                if e.kind() == io::ErrorKind::NotConnected {
+                    // Whatever it would have covered is still in the replay log, sent again
+                    // before anything else on the next connection: nothing is lost.
+                    unreached(e.to_string())
+                } else {
+                    e
+                }
+            })?;
         }
         // A server without FLUSH writes through: what it acknowledged is durable.
         lock(&self.log).durable(&covered);

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
-use rustix::net::{socket_with, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::{socket_with, sockopt, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use ssdcache_nbd::NbdStream;
 
@@ -31,6 +31,7 @@ impl Stream {
                         Ok(tcp) => {
                             // Requests are small and latency-bound; never wait to coalesce.
                             tcp.set_nodelay(true)?;
+                            keep_alive(&tcp)?;
                             return Ok(Stream::Tcp(tcp));
                         }
                         Err(e) => last = Some(e),
@@ -42,6 +43,18 @@ impl Stream {
             }
         }
     }
+}
+
+/// TCP keepalive probes after 10 s of silence, every 5 s, 3 unanswered ones ending the
+/// connection: a peer that vanished (a host down, a cut link) is noticed within about 25 s
+/// even when requests wait for it without a reply timer (writes in flight:
+/// `Link::writes_in_flight`).
+fn keep_alive(tcp: &TcpStream) -> io::Result<()> {
+    sockopt::set_socket_keepalive(tcp, true)?;
+    sockopt::set_tcp_keepidle(tcp, Duration::from_secs(10))?;
+    sockopt::set_tcp_keepintvl(tcp, Duration::from_secs(5))?;
+    sockopt::set_tcp_keepcnt(tcp, 3)?;
+    Ok(())
 }
 
 /// `UnixStream::connect` with a time limit: a server that accepts nothing (hung, stopped) with

@@ -101,6 +101,54 @@ impl NbdUri {
     pub fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// The same address written one way: the socket path resolved (links, `//`, `..`), the
+    /// port explicit, the host in lower case. What is recorded, compared and locked, so one
+    /// export spelt two ways is still one export (review 48).
+    pub fn canonical(&self) -> NbdUri {
+        let scheme = if self.tls { "nbds" } else { "nbd" };
+        let export = percent_encode(&self.export);
+        let (endpoint, text) = match &self.endpoint {
+            Endpoint::Unix { socket } => {
+                let socket = std::fs::canonicalize(socket).unwrap_or_else(|_| socket.clone());
+                let text = format!(
+                    "{scheme}+unix:///{export}?socket={}",
+                    percent_encode(&socket.to_string_lossy())
+                );
+                (Endpoint::Unix { socket }, text)
+            }
+            Endpoint::Tcp { host, port } => {
+                let host = host.to_ascii_lowercase();
+                let shown = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host.clone()
+                };
+                let text = format!("{scheme}://{shown}:{port}/{export}");
+                (Endpoint::Tcp { host, port: *port }, text)
+            }
+        };
+        NbdUri {
+            endpoint,
+            export: self.export.clone(),
+            tls: self.tls,
+            text,
+        }
+    }
+}
+
+/// Escapes what a URI path or query value cannot hold as is (RFC 3986 unreserved characters
+/// and `/` stay).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 impl fmt::Display for NbdUri {
@@ -220,6 +268,22 @@ mod tests {
         assert!(is_nbd_uri("nbd+unix:///?socket=/s"));
         assert!(!is_nbd_uri("/dev/sdb"));
         assert!(!is_nbd_uri("http://x/"));
+    }
+
+    #[test]
+    fn one_address_spelt_two_ways_is_one_canonical_uri() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("q.sock");
+        std::fs::write(&real, b"").unwrap();
+        let twice = format!("{}//q.sock", dir.path().display());
+        let a = NbdUri::parse(&format!("nbd+unix:///x?socket={}", real.display())).unwrap();
+        let b = NbdUri::parse(&format!("nbd+unix:///x?socket={twice}")).unwrap();
+        assert_eq!(a.canonical().as_str(), b.canonical().as_str());
+        let c = NbdUri::parse("nbd://Host/a%20b").unwrap().canonical();
+        assert_eq!(c.as_str(), "nbd://host:10809/a%20b");
+        assert_eq!(NbdUri::parse(c.as_str()).unwrap(), c);
+        let v6 = NbdUri::parse("nbd://[::1]/e").unwrap().canonical();
+        assert_eq!(v6.as_str(), "nbd://[::1]:10809/e");
     }
 
     #[test]
