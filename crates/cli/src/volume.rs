@@ -659,7 +659,13 @@ pub fn add_online(
 fn same_backing(a: &BackingIdentity, b: &BackingIdentity) -> bool {
     match (a.kind, b.kind) {
         (BackingKind::Nbd, BackingKind::Nbd) => {
-            a.path == b.path || (a.stable_id == b.stable_id && a.stable_id.contains('#'))
+            // In one spelling: a cache recorded before URIs were (review 49).
+            let canonical = |path: &str| {
+                ssdcache_remote::NbdUri::parse(path)
+                    .map_or_else(|_| path.to_owned(), |u| u.canonical().to_string())
+            };
+            canonical(&a.path) == canonical(&b.path)
+                || (a.stable_id == b.stable_id && a.stable_id.contains('#'))
         }
         (BackingKind::Nbd, _) | (_, BackingKind::Nbd) => false,
         _ => {

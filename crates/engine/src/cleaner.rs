@@ -1263,7 +1263,20 @@ impl Cache {
             if left == 0 || !progress(left) {
                 return self.commit();
             }
-            let r = self.clean_batch(cfg, cfg.max_in_flight, select)?;
+            let r = match self.clean_batch(cfg, cfg.max_in_flight, select) {
+                Ok(r) => r,
+                // Its flush could not reach a device that went away meanwhile (review 49):
+                // wait for it as below.
+                Err(e) if !self.unreachable_note(&scope).is_empty() => {
+                    let since = *unreachable_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < DRAIN_UNREACHABLE_WAIT {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
             if r.lines_cleaned == 0 && !self.unreachable_note(&scope).is_empty() {
                 // A backing device reconnecting: wait for it as its requests do, bounded.
                 let since = *unreachable_since.get_or_insert_with(Instant::now);

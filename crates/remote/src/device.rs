@@ -83,6 +83,11 @@ pub struct RemoteConfig {
     /// How long a reply may take before its connection is declared dead and re-established
     /// (a FLUSH: [`RemoteConfig::flush_timeout`]); also each socket write.
     pub io_timeout: Duration,
+    /// How long a reply may take while writes are in flight on its connection (which is not
+    /// dropped for a late reply then: NBD cannot cancel a write). Past it the device halts:
+    /// it drops the connection but never reconnects, so nothing it sent can land after newer
+    /// data; the daemon must be restarted.
+    pub stuck_limit: Duration,
     /// How long a FLUSH's reply may take (a store may write a lot back for it).
     pub flush_timeout: Duration,
     /// How long requests wait through an outage (reconnecting) before they fail.
@@ -100,6 +105,7 @@ impl Default for RemoteConfig {
             connect_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(30),
             flush_timeout: Duration::from_secs(120),
+            stuck_limit: Duration::from_secs(600),
             retry_timeout: Duration::from_secs(60),
             replay_limit: 64 << 20,
         }
@@ -166,6 +172,8 @@ struct Shared {
 struct State {
     up: bool,
     stopping: bool,
+    /// Why the device gave up on its export for good (`RemoteConfig::stuck_limit`).
+    halted: Option<String>,
     /// Counts connection sets; a failure reported for an older one is ignored.
     generation: u64,
     links: Vec<Arc<Link>>,
@@ -181,7 +189,7 @@ struct Link {
     sender: Mutex<Option<RequestSender<Stream, Tag>>>,
     /// Another handle to the socket, to shut it down from any thread.
     socket: Stream,
-    /// WRITE and WRITE_ZEROES requests sent on it and not answered. While there are any, a
+    /// WRITE, WRITE_ZEROES and TRIM requests sent on it and not answered. While there are any, a
     /// late reply never makes the device drop the connection: the server could still carry
     /// them out after newer writes sent on the next connection (NBD cannot cancel a request).
     writes_in_flight: AtomicUsize,
@@ -403,6 +411,7 @@ impl NbdDevice {
             state: Mutex::new(State {
                 up: false,
                 stopping: false,
+                halted: None,
                 generation: 1,
                 links: Vec::new(),
                 down_since: None,
@@ -661,6 +670,24 @@ impl Shared {
         );
     }
 
+    /// Gives up on the export for good: the connections are shut and never made again, so no
+    /// write sent on them can be sent a second time and land after newer data.
+    fn halt(&self, why: &str) {
+        let mut state = lock(&self.state);
+        state.halted = Some(why.to_owned());
+        state.up = false;
+        state.down_since.get_or_insert_with(Instant::now);
+        state.last_error = why.to_owned();
+        close(&std::mem::take(&mut state.links));
+        drop(state);
+        self.changed.notify_all();
+        tracing::error!(
+            uri = %self.uri,
+            "{why}: the backing export is given up on until the daemon restarts (a write NBD \
+             cannot cancel could otherwise land after newer data)"
+        );
+    }
+
     /// The supervisor: reconnects whenever the device is down, until it is dropped.
     fn supervise(self: Arc<Self>) {
         loop {
@@ -672,7 +699,7 @@ impl Shared {
                         .wait(state)
                         .unwrap_or_else(PoisonError::into_inner);
                 }
-                if state.stopping {
+                if state.stopping || state.halted.is_some() {
                     return;
                 }
             }
@@ -829,6 +856,11 @@ impl Shared {
                 let message = format!("{}: the device is closed", self.uri);
                 return Err(io::Error::new(io::ErrorKind::NotConnected, message));
             }
+            if let Some(why) = &state.halted {
+                return Err(unreached(format!(
+                    "halted: {why}; restart the daemon once the export answers again"
+                )));
+            }
             if state.up && !state.links.is_empty() {
                 let i = self.next_link.fetch_add(1, Ordering::Relaxed) % state.links.len();
                 return Ok(Arc::clone(&state.links[i]));
@@ -874,9 +906,20 @@ impl Shared {
                     ));
                 }
             }
-            let link = self.wait_up()?;
+            let link = match self.wait_up() {
+                Ok(link) => link,
+                // Sent before: it may have landed, so not `unreached` (review 49).
+                Err(e) if first_drop.is_some() => {
+                    return Err(io::Error::new(io::ErrorKind::NotConnected, e.to_string()))
+                }
+                Err(e) => return Err(e),
+            };
             let completion = Tag::default();
-            let is_write = matches!(request.command, Command::Write | Command::WriteZeroes);
+            // Whatever changes data: a late copy of any of them could land over newer data.
+            let is_write = matches!(
+                request.command,
+                Command::Write | Command::WriteZeroes | Command::Trim
+            );
             let sent = match lock(&link.sender).as_mut() {
                 Some(sender) => {
                     if is_write {
@@ -936,6 +979,16 @@ impl Shared {
             waited += timeout;
             if link.writes_in_flight.load(Ordering::SeqCst) == 0 {
                 break;
+            }
+            if waited >= self.config.stuck_limit {
+                self.halt(&format!(
+                    "no reply for {} s with writes in flight",
+                    waited.as_secs()
+                ));
+                let _ = link.socket.shutdown_stream(Shutdown::Both);
+                return completion
+                    .wait(self.config.io_timeout)
+                    .unwrap_or(Outcome::Dropped);
             }
             warn!(
                 uri = %self.uri,
