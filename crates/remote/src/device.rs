@@ -726,7 +726,7 @@ impl Shared {
                     }
                 });
             let mut state = lock(&self.state);
-            if state.stopping {
+            if state.stopping || state.halted.is_some() {
                 if let Ok(links) = attempt {
                     close(&links);
                 }
@@ -757,7 +757,7 @@ impl Shared {
                     // Interruptible by a drop of the device.
                     let _ = self
                         .changed
-                        .wait_timeout_while(state, delay, |s| !s.stopping)
+                        .wait_timeout_while(state, delay, |s| !s.stopping && s.halted.is_none())
                         .unwrap_or_else(PoisonError::into_inner);
                     delay = (delay * 2).min(MAX_BACKOFF);
                 }
@@ -798,10 +798,12 @@ impl Shared {
     }
 
     /// Waits for every re-sent write of the batch, as long as the connection lives (a write
-    /// is never given up on while the server may still carry it out: `Link::writes_in_flight`);
-    /// a dead connection hands them back as dropped.
+    /// is never given up on while the server may still carry it out: `Link::writes_in_flight`)
+    /// and at most `stuck_limit`, past which the device halts; a dead connection hands them
+    /// back as dropped.
     fn finish_replay_batch(&self, batch: &mut Vec<(Tag, (u64, u64))>) -> Result<(), String> {
         for (completion, _) in batch.drain(..) {
+            let mut waited = Duration::ZERO;
             let outcome = loop {
                 if let Some(outcome) = completion.wait(self.config.io_timeout) {
                     break outcome;
@@ -809,17 +811,27 @@ impl Shared {
                 if lock(&self.state).stopping {
                     return Err("the device is closing".into());
                 }
-                warn!(uri = %self.uri, "a re-sent write has waited {} s for its reply", self.config.io_timeout.as_secs());
+                waited += self.config.io_timeout;
+                if waited >= self.config.stuck_limit {
+                    let why = format!("a re-sent write had no reply for {} s", waited.as_secs());
+                    self.halt(&why);
+                    return Err(why);
+                }
+                warn!(
+                    uri = %self.uri,
+                    "a re-sent write has waited {} s for its reply",
+                    waited.as_secs()
+                );
             };
-            match Some(outcome) {
-                Some(Outcome::Done(_)) => {}
-                Some(Outcome::Refused(code)) => {
+            match outcome {
+                Outcome::Done(_) => {}
+                Outcome::Refused(code) => {
                     return Err(format!(
                         "re-sending a write: {}",
                         nbd_error(&self.uri, code)
                     ))
                 }
-                Some(Outcome::Dropped) | None => {
+                Outcome::Dropped => {
                     return Err("the connection ended while re-sending writes".into())
                 }
             }
