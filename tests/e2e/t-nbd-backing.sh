@@ -94,6 +94,12 @@ wait "$WRITER" || fail "the writer failed while the store restarted: $(cat "$TES
 # A read miss and a flush of the backing device both go over the new connection.
 ( cd "$MNT" && find a b -type f -print0 | sort -z | xargs -0 sha256sum ) >"$TEST_DIR/sums"
 assert_gt "$(wc -l <"$TEST_DIR/sums")" 400 "files checksummed"
+# Write-back absorbed the writer's data and FLUSHes without the store, so the writer may end
+# before the reconnection does (Ceph releases a dead client's image lock after ~30 s).
+for ((i = 0; i < 120 * 10; i++)); do
+    grep -q "reconnected to the backing export" "$SERVER_LOG" && break
+    sleep 0.1
+done
 grep -q "reconnected to the backing export" "$SERVER_LOG" ||
     fail "the daemon did not log its reconnection; log: $(tail -n 20 "$SERVER_LOG")"
 assert_server_alive
