@@ -469,3 +469,24 @@ spec_get() {
     done
     fail "no $2 in '$1'"
 }
+
+# make_certs DIR CA_NAME: a CA, a server certificate for localhost / 127.0.0.1, a client one.
+make_certs() {
+    local dir=$1 who usage
+    mkdir -p "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
+        -keyout "$dir/ca-key.pem" -out "$dir/ca-cert.pem" -subj "/CN=$2" 2>/dev/null ||
+        fail "openssl could not make a CA"
+    for who in server client; do
+        usage=serverAuth
+        [[ $who == client ]] && usage=clientAuth
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+            -keyout "$dir/$who-key.pem" -out "$dir/$who.csr" -subj "/CN=localhost" 2>/dev/null ||
+            fail "openssl could not make a $who key"
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=%s\n' \
+            "$usage" >"$dir/$who.ext"
+        openssl x509 -req -in "$dir/$who.csr" -CA "$dir/ca-cert.pem" -CAkey "$dir/ca-key.pem" \
+            -CAcreateserial -days 30 -out "$dir/$who-cert.pem" -extfile "$dir/$who.ext" 2>/dev/null ||
+            fail "openssl could not sign the $who certificate"
+    done
+}

@@ -63,7 +63,7 @@ expect_status 1 "an export without a description" "no description.*--trust-expor
     "$SSDCACHE_BIN" create --cache scratch.img --backing "$OTHER_URI"
 expect_status 2 "a relative socket path" "absolute path" \
     "$SSDCACHE_BIN" create --cache scratch.img --backing "nbd+unix:///disk?socket=store.sock"
-expect_status 2 "TLS to the export" "nbds.*not supported" \
+expect_status 2 "TLS to the export without certificates" "tls-certificates=DIR" \
     "$SSDCACHE_BIN" create --cache scratch.img --backing "nbds://127.0.0.1/disk"
 create_cache cache.img "$STORE_URI" --name vol0 --mode write-back
 info=$(ssd info --cache cache.img)

@@ -20,9 +20,12 @@ pub struct CreateArgs {
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
     /// Backing device or file (the slow disk), or an NBD export in front of networked
-    /// storage: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH (the export must
-    /// be writable; its size and description are recorded as its identity). Read to learn
-    /// its identity, never written
+    /// storage: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH, over TLS
+    /// nbds://HOST[:PORT]/EXPORT?tls-certificates=DIR (DIR holds ca-cert.pem and, for a
+    /// server that checks clients, client-cert.pem and client-key.pem; add
+    /// &tls-hostname=NAME when the certificate names another host). The export must be
+    /// writable; its size and description are recorded as its identity. Read to learn its
+    /// identity, never written
     #[arg(long, value_name = "PATH|URI")]
     backing: PathBuf,
     /// Cache line size: a power of two from 4KiB to 1MiB

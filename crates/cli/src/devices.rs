@@ -115,10 +115,14 @@ pub fn nbd_uri(path: &Path) -> Result<Option<NbdUri>> {
         }
         _ => return Ok(None),
     };
-    if uri.tls {
+    if uri
+        .tls_certificates
+        .as_ref()
+        .is_some_and(|d| d.is_relative())
+    {
         return Err(crate::usage_error(format!(
-            "{uri}: TLS to a backing export (nbds://) is not supported yet; use nbd:// or \
-             nbd+unix:// over a private network, or a TLS tunnel (stunnel, ssh -L) to the export"
+            "{uri}: give the certificates folder's absolute path (tls-certificates=/etc/...): \
+             the URI is recorded and used from other directories"
         )));
     }
     if let Endpoint::Unix { socket } = &uri.endpoint {

@@ -92,7 +92,8 @@ pub struct AddArgs {
     #[arg(long, value_name = "PATH")]
     cache: PathBuf,
     /// Backing device or file of the new volume, or an NBD export (nbd://HOST[:PORT]/EXPORT,
-    /// nbd+unix:///EXPORT?socket=PATH; see `ssdcache create --help`); read to learn its
+    /// nbd+unix:///EXPORT?socket=PATH, nbds://...?tls-certificates=DIR; see `ssdcache
+    /// create --help`); read to learn its
     /// identity, never written by the addition
     #[arg(long, value_name = "PATH|URI")]
     backing: PathBuf,

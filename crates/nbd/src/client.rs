@@ -5,6 +5,9 @@
 //! connection into a [`RequestSender`] and a [`ReplyReceiver`], meant for two
 //! threads: one thread that both sends and reads can deadlock, because the
 //! server stops reading requests while its replies are not read.
+//! [`connect_tls`] does the same over TLS: `NBD_OPT_STARTTLS` first, the TLS
+//! handshake (rustls, `ClientTls`), then the same halves over the session's
+//! plaintext end (the pump of `tls.rs`).
 //!
 //! # Bounds
 //!
@@ -30,11 +33,13 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::proto::*;
 use crate::server::NbdStream;
+use crate::tls::ClientTls;
 
 /// Largest option reply payload accepted during the handshake. Real replies
 /// are an info block or an error message of a few hundred bytes.
@@ -114,6 +119,8 @@ pub enum ClientError {
         reply_type: u32,
         message: String,
     },
+    #[error("the server does not offer TLS (reply type {reply_type:#x} to NBD_OPT_STARTTLS: {message}); an nbds:// export is never used in plaintext")]
+    TlsRefused { reply_type: u32, message: String },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("no request slot became free within {0:?} (the server answers nothing)")]
@@ -246,6 +253,73 @@ pub fn connect<S: NbdStream, T>(
     export_name: &str,
     config: &ClientConfig,
 ) -> Result<Connection<S, T>, ClientError> {
+    check_config(export_name, config)?;
+    let deadline = Instant::now() + config.handshake_timeout;
+    let mut io = HandshakeIo {
+        stream: &mut stream,
+        deadline,
+    };
+    greet(&mut io)?;
+    let export = go(&mut io, export_name, config)?;
+    transmission(stream, export, config)
+}
+
+/// As [`connect`], over TLS: `NBD_OPT_STARTTLS` first (a server that refuses it is refused:
+/// an `nbds://` export must never be reached in plaintext), the TLS handshake, then
+/// `NBD_OPT_GO` and the transmission phase over the session, whose plaintext end (a Unix
+/// socket to the TLS pump thread, `tls.rs`) the two halves use.
+pub fn connect_tls<S: NbdStream, T>(
+    mut stream: S,
+    export_name: &str,
+    config: &ClientConfig,
+    tls: &ClientTls,
+) -> Result<Connection<UnixStream, T>, ClientError> {
+    check_config(export_name, config)?;
+    let deadline = Instant::now() + config.handshake_timeout;
+    let mut io = HandshakeIo {
+        stream: &mut stream,
+        deadline,
+    };
+    greet(&mut io)?;
+    start_tls(&mut io)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let (mut plain, session_end) = crate::tls::start_client(stream, tls, left)
+        .map_err(ClientError::io("the TLS handshake with the server"))?;
+    let mut io = HandshakeIo {
+        stream: &mut plain,
+        deadline,
+    };
+    match go(&mut io, export_name, config) {
+        Ok(export) => transmission(plain, export, config),
+        // Under TLS 1.3 a server refuses a client certificate (or the lack of one) only after
+        // the client's side of the handshake ended: the session ends under NBD_OPT_GO, and
+        // the reason is the pump's, not the broken pipe's.
+        Err(error @ (ClientError::Io { .. } | ClientError::Closed { .. })) => Err(
+            tls_session_reason(&session_end).map_or(error, |why| ClientError::Io {
+                context: "the TLS session with the server",
+                source: io::Error::new(io::ErrorKind::InvalidData, why),
+            }),
+        ),
+        Err(error) => Err(error),
+    }
+}
+
+/// Why the TLS session ended, if its pump says so within a second.
+fn tls_session_reason(session_end: &crate::tls::SessionEnd) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let why = session_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if why.is_some() || Instant::now() >= deadline {
+            return why;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn check_config(export_name: &str, config: &ClientConfig) -> Result<(), ClientError> {
     if config.max_in_flight == 0 {
         return Err(ClientError::InvalidRequest(
             "max_in_flight must be at least 1".into(),
@@ -255,8 +329,15 @@ pub fn connect<S: NbdStream, T>(
         let message = format!("export name longer than {MAX_EXPORT_NAME_LEN} bytes");
         return Err(ClientError::InvalidRequest(message));
     }
-    let deadline = Instant::now() + config.handshake_timeout;
-    let export = handshake(&mut stream, export_name, config, deadline)?;
+    Ok(())
+}
+
+/// The two halves of the transmission phase on a negotiated `stream`.
+fn transmission<S: NbdStream, T>(
+    stream: S,
+    export: ExportDetails,
+    config: &ClientConfig,
+) -> Result<Connection<S, T>, ClientError> {
     stream
         .set_read_timeout_stream(config.io_timeout)
         .and_then(|()| stream.set_write_timeout_stream(config.io_timeout))
@@ -286,14 +367,8 @@ pub fn connect<S: NbdStream, T>(
     Ok((sender, receiver))
 }
 
-/// Greeting, client flags, `NBD_OPT_GO`, and its replies.
-fn handshake<S: NbdStream>(
-    stream: &mut S,
-    export_name: &str,
-    config: &ClientConfig,
-    deadline: Instant,
-) -> Result<ExportDetails, ClientError> {
-    let mut io = HandshakeIo { stream, deadline };
+/// The server's greeting and the client's flags.
+fn greet<S: NbdStream>(io: &mut HandshakeIo<'_, S>) -> Result<(), ClientError> {
     let mut greeting = [0u8; 18];
     io.read(&mut greeting)?;
     let magic = be_u64(&greeting[0..8]);
@@ -312,9 +387,53 @@ fn handshake<S: NbdStream>(
     if server_flags & NBD_FLAG_NO_ZEROES != 0 {
         client_flags |= NBD_FLAG_C_NO_ZEROES;
     }
-    io.write(&client_flags.to_be_bytes())?;
+    io.write(&client_flags.to_be_bytes())
+}
+
+/// `NBD_OPT_GO` and its replies.
+fn go<S: NbdStream>(
+    io: &mut HandshakeIo<'_, S>,
+    export_name: &str,
+    config: &ClientConfig,
+) -> Result<ExportDetails, ClientError> {
     io.write(&go_option(export_name))?;
-    read_go_replies(&mut io, export_name, config)
+    read_go_replies(io, export_name, config)
+}
+
+/// `NBD_OPT_STARTTLS` and its reply, which must be an ACK.
+fn start_tls<S: NbdStream>(io: &mut HandshakeIo<'_, S>) -> Result<(), ClientError> {
+    let mut option = Vec::with_capacity(16);
+    option.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    option.extend_from_slice(&NBD_OPT_STARTTLS.to_be_bytes());
+    option.extend_from_slice(&0u32.to_be_bytes());
+    io.write(&option)?;
+    let mut header = [0u8; 20];
+    io.read(&mut header)?;
+    let magic = be_u64(&header[0..8]);
+    let reply_option = be_u32(&header[8..12]);
+    let reply_type = be_u32(&header[12..16]);
+    let length = be_u32(&header[16..20]);
+    if magic != NBD_REP_MAGIC || reply_option != NBD_OPT_STARTTLS {
+        let message = format!("option reply magic {magic:#018x} for option {reply_option}");
+        return Err(ClientError::Protocol(message));
+    }
+    if length > MAX_OPTION_REPLY_LEN {
+        let message = format!("option reply of {length} bytes (limit {MAX_OPTION_REPLY_LEN})");
+        return Err(ClientError::Protocol(message));
+    }
+    // Lossless: bounded by MAX_OPTION_REPLY_LEN just above.
+    let mut payload = vec![0u8; length as usize];
+    io.read(&mut payload)?;
+    match reply_type {
+        NBD_REP_ACK if length == 0 => Ok(()),
+        NBD_REP_ACK => Err(ClientError::Protocol(
+            "an NBD_OPT_STARTTLS acknowledgement with data".into(),
+        )),
+        _ => Err(ClientError::TlsRefused {
+            reply_type,
+            message: String::from_utf8_lossy(&payload).into_owned(),
+        }),
+    }
 }
 
 /// `NBD_OPT_GO` for `name`, asking for the block sizes and the description.
@@ -498,6 +617,22 @@ pub struct RequestSender<S: NbdStream, T> {
 }
 
 impl<S: NbdStream, T> RequestSender<S, T> {
+    /// The same sender over a wrapper of its stream (a type that carries more about it).
+    pub fn map_stream<U: NbdStream>(self, wrap: impl FnOnce(S) -> U) -> RequestSender<U, T> {
+        RequestSender {
+            stream: wrap(self.stream),
+            export: self.export,
+            in_flight: self.in_flight,
+            next_cookie: self.next_cookie,
+            slot_timeout: self.slot_timeout,
+        }
+    }
+
+    /// Another handle to the socket requests are sent on.
+    pub fn try_clone_stream(&self) -> io::Result<S> {
+        self.stream.try_clone_stream()
+    }
+
     pub fn export(&self) -> &ExportDetails {
         &self.export
     }
@@ -661,6 +796,14 @@ pub struct ReplyReceiver<S: NbdStream, T> {
 }
 
 impl<S: NbdStream, T> ReplyReceiver<S, T> {
+    /// The same receiver over a wrapper of its stream.
+    pub fn map_stream<U: NbdStream>(self, wrap: impl FnOnce(S) -> U) -> ReplyReceiver<U, T> {
+        ReplyReceiver {
+            stream: wrap(self.stream),
+            in_flight: self.in_flight,
+        }
+    }
+
     /// Requests sent and not yet answered.
     pub fn in_flight(&self) -> usize {
         self.in_flight.lock().requests.len()

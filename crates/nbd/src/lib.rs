@@ -69,4 +69,4 @@ pub use server::{
     BatchedRead, Export, Lane, NbdStream, RingReads, RingStart, Run, Server, ServerConfig,
     ServerError, ServerExport, DATALESS_CHUNK_BYTES, MAX_READ_BATCH, SLOW_LANE_QUEUE,
 };
-pub use tls::TlsConfig;
+pub use tls::{ClientTls, TlsConfig};

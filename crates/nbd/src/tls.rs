@@ -20,11 +20,11 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::ServerConnection;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConnection, Connection, ServerConnection};
 use tracing::{debug, warn};
 
 use crate::server::NbdStream;
@@ -67,7 +67,7 @@ pub(crate) fn start<S: NbdStream>(
     thread::Builder::new()
         .name("nbd-tls".into())
         .spawn(move || {
-            match Pump::new(net, session, inner, stall_limit).and_then(Pump::run) {
+            match Pump::new(net, session.into(), inner, stall_limit).and_then(Pump::run) {
                 // A refused certificate, a bad record: what an operator needs to see.
                 Err(error) if error.kind() == ErrorKind::InvalidData => {
                     warn!(%peer, %error, "TLS session failed");
@@ -77,6 +77,71 @@ pub(crate) fn start<S: NbdStream>(
             }
         })?;
     Ok(plain)
+}
+
+/// TLS for a client's connection to an NBD server (ssdcache's own client, reaching a backing
+/// export over `nbds://`): the CAs that may sign the server's certificate, the name that
+/// certificate must carry, and, for a server that verifies its clients, a client certificate.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub server_name: ServerName<'static>,
+}
+
+/// Starts TLS as a client on `net` (the server acknowledged STARTTLS): runs the TLS handshake
+/// here, within `timeout`, so that a refused certificate is this call's error, then hands the
+/// session to a pump thread and returns the plaintext end. That pump ends a session only
+/// when a side closes or fails, never for a slow side: the caller's own timers bound its
+/// requests, and a request it still waits for must not lose its connection under it.
+/// Why a client's TLS session ended, once it has (set by its pump thread).
+pub(crate) type SessionEnd = Arc<std::sync::Mutex<Option<String>>>;
+
+pub(crate) fn start_client<S: NbdStream>(
+    mut net: S,
+    tls: &ClientTls,
+    timeout: Duration,
+) -> io::Result<(UnixStream, SessionEnd)> {
+    let mut session = ClientConnection::new(Arc::clone(&tls.config), tls.server_name.clone())
+        .map_err(io::Error::other)?;
+    let deadline = Instant::now() + timeout;
+    while session.is_handshaking() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                ErrorKind::TimedOut,
+                format!("the TLS handshake took longer than {timeout:?}"),
+            ));
+        }
+        net.set_read_timeout_stream(Some(left))?;
+        net.set_write_timeout_stream(Some(left))?;
+        session.complete_io(&mut net)?;
+    }
+    net.set_read_timeout_stream(None)?;
+    net.set_write_timeout_stream(None)?;
+    let (plain, inner) = UnixStream::pair()?;
+    let peer = net.peer_label();
+    let ended = SessionEnd::default();
+    let reason = Arc::clone(&ended);
+    thread::Builder::new()
+        .name("nbd-tls-client".into())
+        .spawn(move || {
+            let outcome = Pump::new(net, session.into(), inner, Duration::MAX).and_then(Pump::run);
+            let why = match &outcome {
+                Err(error) if error.kind() == ErrorKind::InvalidData => {
+                    warn!(%peer, %error, "TLS session to the server failed");
+                    error.to_string()
+                }
+                Err(error) => {
+                    debug!(%peer, %error, "TLS session to the server ended");
+                    error.to_string()
+                }
+                Ok(()) => "the session was closed".to_owned(),
+            };
+            *reason
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+        })?;
+    Ok((plain, ended))
 }
 
 /// Bytes read from one side, not yet written to the other.
@@ -121,7 +186,7 @@ impl Pending {
 
 struct Pump<S> {
     net: S,
-    session: ServerConnection,
+    session: Connection,
     plain: UnixStream,
     /// Decrypted, for the plain side.
     to_plain: Pending,
@@ -137,7 +202,7 @@ struct Pump<S> {
 impl<S: NbdStream> Pump<S> {
     fn new(
         net: S,
-        session: ServerConnection,
+        session: Connection,
         plain: UnixStream,
         stall_limit: Duration,
     ) -> io::Result<Pump<S>> {
@@ -157,6 +222,9 @@ impl<S: NbdStream> Pump<S> {
     }
 
     fn run(mut self) -> io::Result<()> {
+        // Plaintext that arrived with the handshake's last records (a client's handshake runs
+        // before the pump starts) waits in the session, not on the socket.
+        self.take_plaintext()?;
         loop {
             self.flush()?;
             if self.finished() {
@@ -254,6 +322,11 @@ impl<S: NbdStream> Pump<S> {
             let _ = self.session.write_tls(&mut self.net);
             return Err(io::Error::new(ErrorKind::InvalidData, error));
         }
+        self.take_plaintext()
+    }
+
+    /// Moves what the session decrypted to the plain side's queue.
+    fn take_plaintext(&mut self) -> io::Result<()> {
         loop {
             match self.session.reader().read(&mut self.chunk) {
                 // A close_notify, or the socket's end without one (a client that half-closes,
@@ -331,6 +404,8 @@ pub enum TlsSetupError {
     NoCertificate { path: PathBuf },
     #[error("the TLS configuration is not usable: {0}")]
     Rustls(#[from] rustls::Error),
+    #[error("{name:?} cannot name a TLS server (a DNS name or an IP address): {reason}")]
+    ServerName { name: String, reason: String },
     #[error("the client verifier cannot use {path}: {reason}")]
     Verifier { path: PathBuf, reason: String },
 }
@@ -339,6 +414,8 @@ pub enum TlsSetupError {
 pub const SERVER_CERT: &str = "server-cert.pem";
 pub const SERVER_KEY: &str = "server-key.pem";
 pub const CA_CERT: &str = "ca-cert.pem";
+pub const CLIENT_CERT: &str = "client-cert.pem";
+pub const CLIENT_KEY: &str = "client-key.pem";
 
 impl TlsConfig {
     /// TLS with x509 certificates from `dir`: `server-cert.pem` (the server's certificate,
@@ -351,16 +428,7 @@ impl TlsConfig {
     ) -> Result<TlsConfig, TlsSetupError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let certs = certificates(&dir.join(SERVER_CERT))?;
-        let key_path = dir.join(SERVER_KEY);
-        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| TlsSetupError::File {
-            reason: match e {
-                rustls::pki_types::pem::Error::NoItemsFound => "no unencrypted private key in it \
-                    (PKCS#8, PKCS#1 or SEC1 PEM; an encrypted key is not supported)"
-                    .to_owned(),
-                e => e.to_string(),
-            },
-            path: key_path,
-        })?;
+        let key = private_key(&dir.join(SERVER_KEY))?;
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()?;
         let builder = if verify_peer {
@@ -386,6 +454,70 @@ impl TlsConfig {
             required,
         })
     }
+}
+
+impl ClientTls {
+    /// x509 from `dir`, named as qemu's `tls-creds-x509` (endpoint=client) and libnbd's
+    /// `tls-certificates` name them: `ca-cert.pem`, the CAs trusted to sign the server's
+    /// certificate, and, when present, `client-cert.pem` with `client-key.pem` for a server
+    /// that verifies its clients. `server_name` is the DNS name or IP address the server's
+    /// certificate must carry.
+    pub fn from_certificates_dir(
+        dir: &Path,
+        server_name: &str,
+    ) -> Result<ClientTls, TlsSetupError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certificates(&dir.join(CA_CERT))? {
+            roots.add(cert)?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+        let (cert_path, key_path) = (dir.join(CLIENT_CERT), dir.join(CLIENT_KEY));
+        let config = match (cert_path.exists(), key_path.exists()) {
+            (false, false) => builder.with_no_client_auth(),
+            (true, true) => {
+                builder.with_client_auth_cert(certificates(&cert_path)?, private_key(&key_path)?)?
+            }
+            (has_cert, _) => {
+                let (path, missing) = if has_cert {
+                    (cert_path, CLIENT_KEY)
+                } else {
+                    (key_path, CLIENT_CERT)
+                };
+                return Err(TlsSetupError::File {
+                    path,
+                    reason: format!(
+                        "{missing} is missing beside it (a client certificate needs both)"
+                    ),
+                });
+            }
+        };
+        let server_name = ServerName::try_from(server_name.to_owned()).map_err(|e| {
+            TlsSetupError::ServerName {
+                name: server_name.to_owned(),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(ClientTls {
+            config: Arc::new(config),
+            server_name,
+        })
+    }
+}
+
+/// The unencrypted private key of a PEM file.
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| TlsSetupError::File {
+        reason: match e {
+            rustls::pki_types::pem::Error::NoItemsFound => "no unencrypted private key in it \
+                (PKCS#8, PKCS#1 or SEC1 PEM; an encrypted key is not supported)"
+                .to_owned(),
+            e => e.to_string(),
+        },
+        path: path.to_owned(),
+    })
 }
 
 /// Every certificate of a PEM file; at least one.

@@ -46,13 +46,14 @@ use ssdcache_device::{unreached, write_zeroes_by_writing, BlockDevice};
 use ssdcache_format::superblock::STABLE_ID_LEN;
 use ssdcache_format::{BackingIdentity, BackingKind};
 use ssdcache_nbd::client::{
-    connect, ClientConfig, ClientError, ExportDetails, ReplyReceiver, Request, RequestSender,
+    connect, connect_tls, ClientConfig, ClientError, ExportDetails, ReplyReceiver, Request,
+    RequestSender,
 };
 use ssdcache_nbd::proto::{
     NBD_ESHUTDOWN, NBD_FLAG_CAN_MULTI_CONN, NBD_FLAG_READ_ONLY, NBD_FLAG_SEND_FLUSH,
     NBD_FLAG_SEND_FUA, NBD_FLAG_SEND_TRIM, NBD_FLAG_SEND_WRITE_ZEROES,
 };
-use ssdcache_nbd::{Command, Errno, NbdStream};
+use ssdcache_nbd::{ClientTls, Command, Errno, NbdStream};
 use tracing::{info, warn};
 
 use crate::replay::{Change, ReplayLog};
@@ -162,6 +163,8 @@ struct Shared {
     export: ExportDetails,
     /// Who the first connection reached (`tcp:IP:PORT`, or the Unix socket's path).
     peer: String,
+    /// The TLS session settings of an `nbds://` export, for every connection.
+    tls: Option<ClientTls>,
     connections: usize,
     state: Mutex<State>,
     changed: Condvar,
@@ -240,7 +243,11 @@ type Halves = (
 );
 
 /// Connects and negotiates the export.
-fn dial(uri: &NbdUri, config: &RemoteConfig) -> Result<Halves, RemoteError> {
+fn dial(
+    uri: &NbdUri,
+    config: &RemoteConfig,
+    tls: Option<&ClientTls>,
+) -> Result<Halves, RemoteError> {
     let stream = Stream::connect(&uri.endpoint, config.connect_timeout).map_err(|source| {
         RemoteError::Connect {
             uri: uri.to_string(),
@@ -259,15 +266,43 @@ fn dial(uri: &NbdUri, config: &RemoteConfig) -> Result<Halves, RemoteError> {
         handshake_timeout: config.connect_timeout,
         io_timeout: Some(config.io_timeout),
     };
-    let (sender, receiver) =
-        connect(stream, &uri.export, &client).map_err(|source| RemoteError::Handshake {
-            uri: uri.to_string(),
-            source,
-        })?;
+    let handshake_failed = |source| RemoteError::Handshake {
+        uri: uri.to_string(),
+        source,
+    };
+    let (sender, receiver, plain) = match tls {
+        None => {
+            let (sender, receiver) =
+                connect(stream, &uri.export, &client).map_err(handshake_failed)?;
+            (sender, receiver, None)
+        }
+        Some(tls) => {
+            let peer = stream.peer_label();
+            let (sender, receiver) =
+                connect_tls(stream, &uri.export, &client, tls).map_err(handshake_failed)?;
+            let plain = sender
+                .try_clone_stream()
+                .map_err(|source| RemoteError::Connect {
+                    uri: uri.to_string(),
+                    source,
+                })?;
+            let tls_end = |plain| Stream::Tls {
+                plain,
+                peer: peer.clone(),
+            };
+            let sender = sender.map_stream(tls_end);
+            let receiver = receiver.map_stream(tls_end);
+            (sender, receiver, Some(Stream::Unix(plain)))
+        }
+    };
     // The receiver waits for replies without a socket timeout: a socket timeout runs from
     // when an idle wait began, not from when a request was sent. Each caller times its own
     // reply instead (`Shared::await_reply`) and shuts the socket when it is late.
-    socket
+    // Shutting `socket` (the TCP or Unix socket itself, under TLS too) ends the connection
+    // at once; under TLS the pump then closes the plaintext end the halves use.
+    plain
+        .as_ref()
+        .unwrap_or(&socket)
         .set_read_timeout_stream(None)
         .map_err(|source| RemoteError::Connect {
             uri: uri.to_string(),
@@ -373,15 +408,17 @@ impl NbdDevice {
     /// `config.connections`) and starts the supervisor. Fails at once, without retrying,
     /// when the server cannot be reached or refuses: at open an operator is there to read it.
     pub fn open(uri: NbdUri, config: RemoteConfig) -> Result<NbdDevice, RemoteError> {
-        if uri.tls {
-            return Err(RemoteError::Unusable {
+        let tls = uri
+            .tls_settings()
+            .map(|settings| {
+                ClientTls::from_certificates_dir(&settings.certificates, &settings.server_name)
+            })
+            .transpose()
+            .map_err(|e| RemoteError::Unusable {
                 uri: uri.to_string(),
-                why: "TLS to a backing export (nbds://) is not supported yet; use nbd:// or \
-                      nbd+unix:// over a private network, or a TLS tunnel (stunnel, ssh -L) to it"
-                    .into(),
-            });
-        }
-        let first = dial(&uri, &config)?;
+                why: e.to_string(),
+            })?;
+        let first = dial(&uri, &config, tls.as_ref())?;
         let export = first.0.export().clone();
         let peer = match (&uri.endpoint, &first.2) {
             (Endpoint::Tcp { .. }, socket) => socket.peer_label(),
@@ -407,6 +444,7 @@ impl NbdDevice {
             config,
             export,
             peer,
+            tls,
             connections,
             state: Mutex::new(State {
                 up: false,
@@ -579,7 +617,7 @@ impl Shared {
         while links.len() < self.connections {
             let halves = match next.take() {
                 Some(h) => Ok(h),
-                None => dial(&self.uri, &self.config),
+                None => dial(&self.uri, &self.config, self.tls.as_ref()),
             };
             let started = halves.and_then(|halves| {
                 if let Some(why) = other_export(&self.export, halves.0.export()) {
@@ -713,7 +751,7 @@ impl Shared {
         let mut attempts = 0u64;
         loop {
             let generation = lock(&self.state).generation + 1;
-            let attempt = dial(&self.uri, &self.config)
+            let attempt = dial(&self.uri, &self.config, self.tls.as_ref())
                 .and_then(|first| self.start_links(generation, first))
                 .and_then(|links| match self.replay(&links[0]) {
                     Ok(()) => Ok(links),

@@ -16,4 +16,4 @@ pub use device::{
     export_stamp, NbdDevice, RemoteConfig, RemoteError, RemoteStatus, DATALESS_PIECE,
     FIRST_BACKOFF, MAX_BACKOFF,
 };
-pub use uri::{is_nbd_uri, Endpoint, NbdUri, UriError, DEFAULT_PORT};
+pub use uri::{is_nbd_uri, Endpoint, NbdUri, TlsSettings, UriError, DEFAULT_PORT};

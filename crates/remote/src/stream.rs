@@ -17,6 +17,12 @@ use crate::uri::Endpoint;
 pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// The plaintext end of a TLS session (`ssdcache_nbd::client::connect_tls`), with the
+    /// label of the server it reaches.
+    Tls {
+        plain: UnixStream,
+        peer: String,
+    },
 }
 
 impl Stream {
@@ -97,7 +103,7 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+            Stream::Unix(s) | Stream::Tls { plain: s, .. } => s.read(buf),
         }
     }
 }
@@ -106,7 +112,7 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+            Stream::Unix(s) | Stream::Tls { plain: s, .. } => s.write(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -118,7 +124,7 @@ impl AsRawFd for Stream {
     fn as_raw_fd(&self) -> RawFd {
         match self {
             Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Unix(s) | Stream::Tls { plain: s, .. } => s.as_raw_fd(),
         }
     }
 }
@@ -128,30 +134,35 @@ impl NbdStream for Stream {
         match self {
             Stream::Tcp(s) => s.try_clone().map(Stream::Tcp),
             Stream::Unix(s) => s.try_clone().map(Stream::Unix),
+            Stream::Tls { plain, peer } => plain.try_clone().map(|plain| Stream::Tls {
+                plain,
+                peer: peer.clone(),
+            }),
         }
     }
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
-            Stream::Unix(s) => s.shutdown(how),
+            Stream::Unix(s) | Stream::Tls { plain: s, .. } => s.shutdown(how),
         }
     }
     fn set_read_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(timeout),
-            Stream::Unix(s) => s.set_read_timeout(timeout),
+            Stream::Unix(s) | Stream::Tls { plain: s, .. } => s.set_read_timeout(timeout),
         }
     }
     fn set_write_timeout_stream(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(timeout),
-            Stream::Unix(s) => s.set_write_timeout(timeout),
+            Stream::Unix(s) | Stream::Tls { plain: s, .. } => s.set_write_timeout(timeout),
         }
     }
     fn peer_label(&self) -> String {
         match self {
             Stream::Tcp(s) => s.peer_label(),
             Stream::Unix(s) => s.peer_label(),
+            Stream::Tls { peer, .. } => peer.clone(),
         }
     }
 }

@@ -23,13 +23,27 @@ pub struct NbdUri {
     pub export: String,
     /// `nbds`: the connection must use TLS.
     pub tls: bool,
+    /// `tls-certificates=DIR` (libnbd's parameter): the folder with `ca-cert.pem` and
+    /// optionally `client-cert.pem` and `client-key.pem`. Required with `nbds`.
+    pub tls_certificates: Option<PathBuf>,
+    /// `tls-hostname=NAME` (the NBD URI spec's): the name the server's certificate must
+    /// carry, when it is not the URI's host (always needed over a Unix socket).
+    pub tls_hostname: Option<String>,
     /// The URI as given, for messages and the cache's record of the device.
     text: String,
 }
 
+/// How to start TLS with the server of an `nbds://` URI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub certificates: PathBuf,
+    /// The DNS name or IP address the server's certificate must carry.
+    pub server_name: String,
+}
+
 /// Why a string is not a usable NBD URI.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{uri:?} is not a usable NBD URI: {why} (forms: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH)")]
+#[error("{uri:?} is not a usable NBD URI: {why} (forms: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH, nbds://HOST[:PORT]/EXPORT?tls-certificates=DIR)")]
 pub struct UriError {
     pub uri: String,
     pub why: String,
@@ -73,28 +87,63 @@ impl NbdUri {
             None => (rest, ""),
         };
         let export = percent_decode(path).map_err(fail)?;
-        let socket = socket_parameter(query).map_err(fail)?;
+        let query = Query::parse(query, tls).map_err(fail)?;
         let endpoint = if unix {
             if !authority.is_empty() && authority != "localhost" {
                 return Err(fail(format!(
                     "a Unix-socket URI names no host (found {authority:?})"
                 )));
             }
-            let socket = socket.ok_or_else(|| fail("no ?socket=PATH".into()))?;
+            let socket = query.socket.ok_or_else(|| fail("no ?socket=PATH".into()))?;
             Endpoint::Unix {
                 socket: PathBuf::from(socket),
             }
         } else {
-            if socket.is_some() {
+            if query.socket.is_some() {
                 return Err(fail("?socket= belongs to nbd+unix:// URIs".into()));
             }
             tcp_endpoint(authority).map_err(fail)?
         };
+        if tls {
+            if query.tls_certificates.is_none() {
+                return Err(fail(
+                    "an nbds:// URI needs ?tls-certificates=DIR: a folder holding ca-cert.pem \
+                     (the CA that signed the server's certificate) and, for a server that \
+                     checks its clients, client-cert.pem and client-key.pem"
+                        .into(),
+                ));
+            }
+            if matches!(endpoint, Endpoint::Unix { .. }) && query.tls_hostname.is_none() {
+                return Err(fail(
+                    "over a Unix socket, give &tls-hostname=NAME: the name the server's \
+                     certificate carries, which ssdcache checks"
+                        .into(),
+                ));
+            }
+        }
         Ok(NbdUri {
             endpoint,
             export,
             tls,
+            tls_certificates: query.tls_certificates.map(PathBuf::from),
+            tls_hostname: query.tls_hostname,
             text: text.to_owned(),
+        })
+    }
+
+    /// What TLS needs, for an `nbds://` URI.
+    pub fn tls_settings(&self) -> Option<TlsSettings> {
+        if !self.tls {
+            return None;
+        }
+        let server_name = match (&self.tls_hostname, &self.endpoint) {
+            (Some(name), _) => name.clone(),
+            (None, Endpoint::Tcp { host, .. }) => host.clone(),
+            (None, Endpoint::Unix { .. }) => String::new(),
+        };
+        Some(TlsSettings {
+            certificates: self.tls_certificates.clone().unwrap_or_default(),
+            server_name,
         })
     }
 
@@ -128,10 +177,32 @@ impl NbdUri {
                 (Endpoint::Tcp { host, port: *port }, text)
             }
         };
+        let certificates = self
+            .tls_certificates
+            .as_ref()
+            .map(|dir| std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone()));
+        let mut text = text;
+        let mut separator = if text.contains('?') { '&' } else { '?' };
+        for (key, value) in [
+            (
+                "tls-certificates",
+                certificates
+                    .as_ref()
+                    .map(|d| d.to_string_lossy().into_owned()),
+            ),
+            ("tls-hostname", self.tls_hostname.clone()),
+        ] {
+            if let Some(value) = value {
+                text.push_str(&format!("{separator}{key}={}", percent_encode(&value)));
+                separator = '&';
+            }
+        }
         NbdUri {
             endpoint,
             export: self.export.clone(),
             tls: self.tls,
+            tls_certificates: certificates,
+            tls_hostname: self.tls_hostname.clone(),
             text,
         }
     }
@@ -195,22 +266,58 @@ fn tcp_endpoint(authority: &str) -> Result<Endpoint, String> {
     })
 }
 
-/// The `socket=` parameter; any other parameter is refused (a misspelt one must not be
-/// ignored silently).
-fn socket_parameter(query: Option<&str>) -> Result<Option<String>, String> {
-    let mut socket = None;
-    for pair in query.into_iter().flat_map(|q| q.split('&')) {
-        match pair.split_once('=') {
-            Some(("socket", value)) if socket.is_none() => socket = Some(percent_decode(value)?),
-            Some(("socket", _)) => return Err("socket= given twice".into()),
-            _ => {
-                return Err(format!(
-                    "unsupported query parameter {pair:?} (only socket=)"
-                ))
+/// The query parameters ssdcache understands; any other is refused (a misspelt one must not
+/// be ignored silently).
+#[derive(Default)]
+struct Query {
+    socket: Option<String>,
+    tls_certificates: Option<String>,
+    tls_hostname: Option<String>,
+}
+
+impl Query {
+    fn parse(query: Option<&str>, tls: bool) -> Result<Query, String> {
+        let mut q = Query::default();
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("query parameter {pair:?} has no value"))?;
+            let value = percent_decode(value)?;
+            if key.starts_with("tls-") && !tls {
+                return Err(format!("{key}= belongs to nbds:// URIs (TLS)"));
+            }
+            let slot = match key {
+                "socket" => &mut q.socket,
+                "tls-certificates" => &mut q.tls_certificates,
+                "tls-hostname" => &mut q.tls_hostname,
+                "tls-type" if value == "x509" => continue,
+                "tls-type" => {
+                    return Err(format!(
+                        "tls-type={value} is not supported: only x509 (rustls offers no PSK or \
+                         anonymous TLS)"
+                    ))
+                }
+                "tls-verify-peer" if matches!(value.as_str(), "1" | "true") => continue,
+                "tls-verify-peer" => {
+                    return Err(
+                        "tls-verify-peer=0: ssdcache always verifies the server's certificate \
+                         (the cache writes its data to it)"
+                            .into(),
+                    )
+                }
+                _ => {
+                    return Err(format!(
+                        "unsupported query parameter {pair:?} (socket=, tls-certificates=, \
+                         tls-hostname=, tls-type=x509, tls-verify-peer=1)"
+                    ))
+                }
+            };
+            if slot.replace(value).is_some() {
+                return Err(format!("{key}= given twice"));
             }
         }
+        Ok(q)
     }
-    Ok(socket)
 }
 
 fn percent_decode(s: &str) -> Result<String, String> {
@@ -252,7 +359,7 @@ mod tests {
             (u.endpoint, u.export.as_str(), u.tls),
             (tcp("example.com", 10809), "disk0", false)
         );
-        let u = NbdUri::parse("nbds://10.0.0.2:10810").unwrap();
+        let u = NbdUri::parse("nbds://10.0.0.2:10810?tls-certificates=/etc/pki/nbd").unwrap();
         assert_eq!(
             (u.endpoint, u.export.as_str(), u.tls),
             (tcp("10.0.0.2", 10810), "", true)
@@ -284,6 +391,27 @@ mod tests {
         assert_eq!(NbdUri::parse(c.as_str()).unwrap(), c);
         let v6 = NbdUri::parse("nbd://[::1]/e").unwrap().canonical();
         assert_eq!(v6.as_str(), "nbd://[::1]:10809/e");
+        let tls = NbdUri::parse("nbds://H/e?tls-type=x509&tls-certificates=/no/such%20dir")
+            .unwrap()
+            .canonical();
+        assert_eq!(
+            tls.as_str(),
+            "nbds://h:10809/e?tls-certificates=/no/such%20dir"
+        );
+        assert_eq!(NbdUri::parse(tls.as_str()).unwrap(), tls);
+        let settings = tls.tls_settings().unwrap();
+        assert_eq!(
+            (settings.certificates, settings.server_name.as_str()),
+            (PathBuf::from("/no/such dir"), "h")
+        );
+        let unix = NbdUri::parse("nbds+unix:///e?socket=/s&tls-certificates=/c&tls-hostname=srv")
+            .unwrap()
+            .canonical();
+        assert_eq!(
+            unix.as_str(),
+            "nbds+unix:///e?socket=/s&tls-certificates=/c&tls-hostname=srv"
+        );
+        assert_eq!(unix.tls_settings().unwrap().server_name, "srv");
     }
 
     #[test]
@@ -295,7 +423,19 @@ mod tests {
             ("nbd+unix:///disk", "socket"),
             ("nbd+unix://host/?socket=/s", "names no host"),
             ("nbd://h/?socket=/s", "belongs to"),
-            ("nbd://h/?tls-verify-peer=false", "unsupported query"),
+            ("nbd://h/?tls-certificates=/x", "belongs to nbds"),
+            ("nbds://h/", "tls-certificates=DIR"),
+            (
+                "nbds://h/?tls-certificates=/x&tls-verify-peer=0",
+                "always verifies",
+            ),
+            ("nbds://h/?tls-certificates=/x&tls-type=psk", "only x509"),
+            (
+                "nbds+unix:///e?socket=/s&tls-certificates=/x",
+                "tls-hostname",
+            ),
+            ("nbds://h/?tls-certificates=/x&tls-certificates=/y", "twice"),
+            ("nbd://h/?frob=1", "unsupported query"),
             ("nbd://h/%zz", "percent"),
             ("nbd://[::1/", "IPv6"),
             ("ftp://h/", "scheme"),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
 use ssdcache_nbd::{
-    transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerExport,
+    transmission_flags, Errno, Export, ExportInfo, Server, ServerConfig, ServerExport, TlsConfig,
 };
 use ssdcache_remote::NbdUri;
 
@@ -75,6 +75,8 @@ pub struct Store {
     running: Option<Incarnation>,
     pub size: u64,
     pub description: String,
+    /// Serve only over TLS with this configuration (`NBD_OPT_STARTTLS` required).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Store {
@@ -85,6 +87,7 @@ impl Store {
             running: None,
             size: SIZE as u64,
             description: "store-1".into(),
+            tls: None,
         }
     }
 
@@ -104,7 +107,11 @@ impl Store {
             max_block: 1 << 20,
         };
         let served = ServerExport { info, backend };
-        let server = Server::new(vec![served], ServerConfig::default()).unwrap();
+        let config = ServerConfig {
+            tls: self.tls.clone(),
+            ..ServerConfig::default()
+        };
+        let server = Server::new(vec![served], config).unwrap();
         let _ = std::fs::remove_file(&self.socket);
         let listener = UnixListener::bind(&self.socket).unwrap();
         let serving = server.clone();
