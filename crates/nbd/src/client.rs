@@ -407,13 +407,31 @@ fn start_tls<S: NbdStream>(io: &mut HandshakeIo<'_, S>) -> Result<(), ClientErro
     option.extend_from_slice(&NBD_OPT_STARTTLS.to_be_bytes());
     option.extend_from_slice(&0u32.to_be_bytes());
     io.write(&option)?;
+    let (reply_type, payload) = read_option_reply(io, NBD_OPT_STARTTLS)?;
+    match reply_type {
+        NBD_REP_ACK if payload.is_empty() => Ok(()),
+        NBD_REP_ACK => Err(ClientError::Protocol(
+            "an NBD_OPT_STARTTLS acknowledgement with data".into(),
+        )),
+        _ => Err(ClientError::TlsRefused {
+            reply_type,
+            message: String::from_utf8_lossy(&payload).into_owned(),
+        }),
+    }
+}
+
+/// One option reply to `option`: its type and payload (at most [`MAX_OPTION_REPLY_LEN`]).
+fn read_option_reply<S: NbdStream>(
+    io: &mut HandshakeIo<'_, S>,
+    option: u32,
+) -> Result<(u32, Vec<u8>), ClientError> {
     let mut header = [0u8; 20];
     io.read(&mut header)?;
     let magic = be_u64(&header[0..8]);
     let reply_option = be_u32(&header[8..12]);
     let reply_type = be_u32(&header[12..16]);
     let length = be_u32(&header[16..20]);
-    if magic != NBD_REP_MAGIC || reply_option != NBD_OPT_STARTTLS {
+    if magic != NBD_REP_MAGIC || reply_option != option {
         let message = format!("option reply magic {magic:#018x} for option {reply_option}");
         return Err(ClientError::Protocol(message));
     }
@@ -424,16 +442,7 @@ fn start_tls<S: NbdStream>(io: &mut HandshakeIo<'_, S>) -> Result<(), ClientErro
     // Lossless: bounded by MAX_OPTION_REPLY_LEN just above.
     let mut payload = vec![0u8; length as usize];
     io.read(&mut payload)?;
-    match reply_type {
-        NBD_REP_ACK if length == 0 => Ok(()),
-        NBD_REP_ACK => Err(ClientError::Protocol(
-            "an NBD_OPT_STARTTLS acknowledgement with data".into(),
-        )),
-        _ => Err(ClientError::TlsRefused {
-            reply_type,
-            message: String::from_utf8_lossy(&payload).into_owned(),
-        }),
-    }
+    Ok((reply_type, payload))
 }
 
 /// `NBD_OPT_GO` for `name`, asking for the block sizes and the description.
@@ -464,23 +473,7 @@ fn read_go_replies<S: NbdStream>(
         description: None,
     };
     for _ in 0..MAX_OPTION_REPLIES {
-        let mut header = [0u8; 20];
-        io.read(&mut header)?;
-        let magic = be_u64(&header[0..8]);
-        let option = be_u32(&header[8..12]);
-        let reply_type = be_u32(&header[12..16]);
-        let length = be_u32(&header[16..20]);
-        if magic != NBD_REP_MAGIC || option != NBD_OPT_GO {
-            let message = format!("option reply magic {magic:#018x} for option {option}");
-            return Err(ClientError::Protocol(message));
-        }
-        if length > MAX_OPTION_REPLY_LEN {
-            let message = format!("option reply of {length} bytes (limit {MAX_OPTION_REPLY_LEN})");
-            return Err(ClientError::Protocol(message));
-        }
-        // Lossless: bounded by MAX_OPTION_REPLY_LEN just above.
-        let mut payload = vec![0u8; length as usize];
-        io.read(&mut payload)?;
+        let (reply_type, payload) = read_option_reply(io, NBD_OPT_GO)?;
         match reply_type {
             NBD_REP_ACK => {
                 return export_details(info, config);
