@@ -3,7 +3,8 @@
 # 127.0.0.1 with x509 certificates (tls-creds-x509, which also asks for a client certificate);
 # ssdcache caches it write-back through `nbds://127.0.0.1:PORT/disk?tls-certificates=DIR`.
 #  1. Refused, naming why: a server certificate from a CA the folder does not hold, the
-#     plaintext nbd:// URI to the TLS-only server, `tls-verify-peer=0`, a relative folder.
+#     plaintext nbd:// URI to the TLS-only server, `tls-verify-peer=0`, a relative folder;
+#     later a plaintext `--backing NAME=nbd://` override of the TLS volume.
 #  2. create over TLS; 24 MiB written through the cache; the store killed (SIGKILL) and
 #     restarted under a second writer: the daemon reconnects over TLS and the writer sees no
 #     error; `ssdcache flush`; the store's image equals what was written, byte for byte.
@@ -90,6 +91,10 @@ grep -q "reconnected to the backing export" "$SERVER_LOG" ||
 ssd flush --cache cache.img >"$TEST_DIR/flush.out" 2>&1 || fail "flush failed: $(cat "$TEST_DIR/flush.out")"
 assert_eq "$(vol_field "$(stats_json cache.img)" vol0 dirty_bytes)" 0 "dirty bytes after flush"
 stop_server
+# Never in plaintext, not even through an override (review 50).
+expect_status 2 "a plaintext override of a TLS volume" "created with its export reached over TLS" \
+    "$SSDCACHE_BIN" serve --cache cache.img --socket "$TEST_DIR/ssd2.sock" \
+    --backing "vol0=nbd://127.0.0.1:$PORT/disk"
 stop_store
 cmp "$TEST_DIR/expected" "$TEST_DIR/store.raw" ||
     fail "the store's image differs from what was written through the cache"

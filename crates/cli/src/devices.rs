@@ -187,7 +187,7 @@ fn open_export(uri: NbdUri, what: &str) -> Result<NbdDevice> {
     let text = uri.to_string();
     let mut dev = NbdDevice::open(uri, RemoteConfig::default()).map_err(|e| {
         let absent = matches!(e, RemoteError::Connect { .. });
-        let message = format!("cannot use {what} {text}: {e}");
+        let message = format!("cannot use {what} {text}: {}", e.reason());
         if absent {
             // Nothing listening (yet): like a disk that has not appeared, the volume can wait
             // for it (`serve --backing-wait`) while the others are served.
@@ -266,6 +266,7 @@ pub fn open_backing(
         .get(&slot.name)
         .cloned()
         .unwrap_or_else(|| PathBuf::from(&slot.backing.path));
+    refuse_tls_downgrade(slot, &path)?;
     let what = format!("backing device of volume '{}'", slot.name);
     let (dev, found) = open_backing_device(&path, &what, true).map_err(|e| {
         if is_absent(&e) {
@@ -295,6 +296,20 @@ pub fn open_backing(
         ))));
     }
     Ok(dev)
+}
+
+/// Refuses `--backing NAME=nbd://...` for a volume recorded as `nbds://` (review 50): an export
+/// reached over TLS is never used in plaintext, not even through an override.
+fn refuse_tls_downgrade(slot: &VolumeSlot, path: &Path) -> Result<()> {
+    let recorded_tls = NbdUri::parse(&slot.backing.path).is_ok_and(|u| u.tls);
+    if recorded_tls && !nbd_uri(path)?.is_some_and(|u| u.tls) {
+        return Err(crate::usage_error(format!(
+            "volume '{}' was created with its export reached over TLS ({}); give --backing {}= \
+             an nbds:// URI, or move the export back to the same TLS settings",
+            slot.name, slot.backing.path, slot.name
+        )));
+    }
+    Ok(())
 }
 
 /// Why a volume's recorded backing device cannot be used, when that takes only its volume

@@ -660,10 +660,11 @@ pub fn add_online(
 fn same_backing(a: &BackingIdentity, b: &BackingIdentity) -> bool {
     match (a.kind, b.kind) {
         (BackingKind::Nbd, BackingKind::Nbd) => {
-            // In one spelling: a cache recorded before URIs were (review 49).
+            // In one spelling: a cache recorded before URIs were (review 49), and whatever
+            // its TLS settings (review 50).
             let canonical = |path: &str| {
                 ssdcache_remote::NbdUri::parse(path)
-                    .map_or_else(|_| path.to_owned(), |u| u.canonical().to_string())
+                    .map_or_else(|_| path.to_owned(), |u| u.address())
             };
             canonical(&a.path) == canonical(&b.path)
                 || (a.stable_id == b.stable_id && a.stable_id.contains('#'))

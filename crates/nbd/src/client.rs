@@ -132,6 +132,12 @@ impl ClientError {
         move |source| ClientError::Io { context, source }
     }
 
+    /// True for a time limit reached (a socket timeout, a handshake deadline).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, ClientError::Io { source, .. } if is_timeout(source))
+            || matches!(self, ClientError::SlotTimeout(_))
+    }
+
     /// True if the error means the server went away (EOF, reset, broken
     /// pipe), as opposed to a protocol violation or a timeout.
     pub fn is_disconnect(&self) -> bool {
@@ -293,20 +299,28 @@ pub fn connect_tls<S: NbdStream, T>(
         Ok(export) => transmission(plain, export, config),
         // Under TLS 1.3 a server refuses a client certificate (or the lack of one) only after
         // the client's side of the handshake ended: the session ends under NBD_OPT_GO, and
-        // the reason is the pump's, not the broken pipe's.
-        Err(error @ (ClientError::Io { .. } | ClientError::Closed { .. })) => Err(
-            tls_session_reason(&session_end).map_or(error, |why| ClientError::Io {
-                context: "the TLS session with the server",
-                source: io::Error::new(io::ErrorKind::InvalidData, why),
-            }),
-        ),
+        // the reason is the pump's, not the broken pipe's. A time limit reached is its own
+        // reason (the pump lives on until `plain` is dropped).
+        Err(error @ (ClientError::Io { .. } | ClientError::Closed { .. }))
+            if !error.is_timeout() =>
+        {
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(1));
+            Err(
+                tls_session_reason(&session_end, wait).map_or(error, |why| ClientError::Io {
+                    context: "the TLS session with the server",
+                    source: io::Error::new(io::ErrorKind::InvalidData, why),
+                }),
+            )
+        }
         Err(error) => Err(error),
     }
 }
 
-/// Why the TLS session ended, if its pump says so within a second.
-fn tls_session_reason(session_end: &crate::tls::SessionEnd) -> Option<String> {
-    let deadline = Instant::now() + Duration::from_secs(1);
+/// Why the TLS session ended, if its pump says so within `wait`.
+fn tls_session_reason(session_end: &crate::tls::SessionEnd, wait: Duration) -> Option<String> {
+    let deadline = Instant::now() + wait;
     loop {
         let why = session_end
             .lock()
@@ -584,19 +598,60 @@ impl<S: NbdStream> HandshakeIo<'_, S> {
             .map_err(ClientError::io("setting the handshake timeout"))
     }
 
+    /// Reads all of `buf`, the deadline checked before each socket read (a server trickling
+    /// a byte per read timeout must not stretch the handshake past it: review 50).
     fn read(&mut self, buf: &mut [u8]) -> Result<(), ClientError> {
-        self.arm()?;
-        self.stream
-            .read_exact(buf)
-            .map_err(ClientError::io("reading the handshake"))
+        let mut got = 0;
+        while got < buf.len() {
+            self.arm()?;
+            match self.stream.read(&mut buf[got..]) {
+                Ok(0) => {
+                    let eof = io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the server closed the connection",
+                    );
+                    return Err(handshake_error("reading the handshake", eof));
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(handshake_error("reading the handshake", e)),
+            }
+        }
+        Ok(())
     }
 
+    /// Writes all of `buf`, the deadline checked before each socket write.
     fn write(&mut self, buf: &[u8]) -> Result<(), ClientError> {
-        self.arm()?;
-        self.stream
-            .write_all(buf)
-            .map_err(ClientError::io("writing the handshake"))
+        let mut sent = 0;
+        while sent < buf.len() {
+            self.arm()?;
+            match self.stream.write(&buf[sent..]) {
+                Ok(0) => {
+                    let closed =
+                        io::Error::new(io::ErrorKind::WriteZero, "the socket took nothing");
+                    return Err(handshake_error("writing the handshake", closed));
+                }
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(handshake_error("writing the handshake", e)),
+            }
+        }
+        Ok(())
     }
+}
+
+/// A handshake I/O error; a socket timeout says which limit it was (not "resource
+/// temporarily unavailable").
+fn handshake_error(context: &'static str, e: io::Error) -> ClientError {
+    let source = if is_timeout(&e) {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the server did not answer within the handshake time limit",
+        )
+    } else {
+        e
+    };
+    ClientError::Io { context, source }
 }
 
 /// The sending half: one thread sends, in any order, up to

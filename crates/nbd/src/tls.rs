@@ -103,19 +103,7 @@ pub(crate) fn start_client<S: NbdStream>(
 ) -> io::Result<(UnixStream, SessionEnd)> {
     let mut session = ClientConnection::new(Arc::clone(&tls.config), tls.server_name.clone())
         .map_err(io::Error::other)?;
-    let deadline = Instant::now() + timeout;
-    while session.is_handshaking() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                ErrorKind::TimedOut,
-                format!("the TLS handshake took longer than {timeout:?}"),
-            ));
-        }
-        net.set_read_timeout_stream(Some(left))?;
-        net.set_write_timeout_stream(Some(left))?;
-        session.complete_io(&mut net)?;
-    }
+    client_handshake(&mut net, &mut session, timeout)?;
     net.set_read_timeout_stream(None)?;
     net.set_write_timeout_stream(None)?;
     let (plain, inner) = UnixStream::pair()?;
@@ -142,6 +130,57 @@ pub(crate) fn start_client<S: NbdStream>(
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
         })?;
     Ok((plain, ended))
+}
+
+/// Runs a client's TLS handshake on the blocking `net` within `timeout`, one record read or
+/// write at a time with the deadline checked before each (review 50: rustls's `complete_io`
+/// loops inside, and a server trickling a byte per read timeout kept it going for hours).
+fn client_handshake<S: NbdStream>(
+    net: &mut S,
+    session: &mut ClientConnection,
+    timeout: Duration,
+) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let timed_out = || {
+        io::Error::new(
+            ErrorKind::TimedOut,
+            format!("the server did not complete the TLS handshake within {timeout:?}"),
+        )
+    };
+    while session.is_handshaking() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        let reading = !session.wants_write();
+        let step = if reading {
+            net.set_read_timeout_stream(Some(left))?;
+            session.read_tls(net)
+        } else {
+            net.set_write_timeout_stream(Some(left))?;
+            session.write_tls(net)
+        };
+        match step {
+            Ok(0) if reading => {
+                return Err(io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the server closed the connection during the TLS handshake",
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(timed_out())
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if let Err(error) = session.process_new_packets() {
+            // Send the alert rustls queued (a refused certificate), then end.
+            let _ = session.write_tls(net);
+            return Err(io::Error::new(ErrorKind::InvalidData, error));
+        }
+    }
+    Ok(())
 }
 
 /// Bytes read from one side, not yet written to the other.

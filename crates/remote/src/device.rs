@@ -132,6 +132,17 @@ pub enum RemoteError {
     Unusable { uri: String, why: String },
 }
 
+impl RemoteError {
+    /// The error without the URI, for a message that names the export already.
+    pub fn reason(&self) -> String {
+        match self {
+            RemoteError::Connect { source, .. } => format!("cannot connect: {source}"),
+            RemoteError::Handshake { source, .. } => source.to_string(),
+            RemoteError::Unusable { why, .. } => why.clone(),
+        }
+    }
+}
+
 /// What the device's connections are doing, for `stats` and logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteStatus {
@@ -491,7 +502,7 @@ impl NbdDevice {
         // are one server) and as written, canonical (a Unix socket's resolved path).
         let mut keys = vec![
             format!("{}/{}", self.shared.peer, self.shared.uri.export),
-            self.shared.uri.canonical().to_string(),
+            self.shared.uri.address(),
         ];
         if ident.stable_id.contains('#') || ident.stable_id.starts_with("nbd-fnv64:") {
             keys.push(ident.stable_id);

@@ -71,6 +71,13 @@ impl NbdUri {
             uri: text.to_owned(),
             why,
         };
+        if text.contains('#') {
+            return Err(fail(
+                "a fragment (#...) has no meaning in an NBD URI; write a '#' of an export name \
+                 or a path as %23"
+                    .into(),
+            ));
+        }
         let (scheme, rest) = text
             .split_once("://")
             .ok_or_else(|| fail("no scheme".into()))?;
@@ -177,10 +184,11 @@ impl NbdUri {
                 (Endpoint::Tcp { host, port: *port }, text)
             }
         };
-        let certificates = self
-            .tls_certificates
-            .as_ref()
-            .map(|dir| std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone()));
+        // The certificates folder as given, links not followed (review 50): rotating
+        // certificates by pointing a link at a new folder must keep working. The host name
+        // in lower case, as DNS compares it.
+        let certificates = self.tls_certificates.clone();
+        let hostname = self.tls_hostname.as_ref().map(|h| h.to_ascii_lowercase());
         let mut text = text;
         let mut separator = if text.contains('?') { '&' } else { '?' };
         for (key, value) in [
@@ -190,7 +198,7 @@ impl NbdUri {
                     .as_ref()
                     .map(|d| d.to_string_lossy().into_owned()),
             ),
-            ("tls-hostname", self.tls_hostname.clone()),
+            ("tls-hostname", hostname.clone()),
         ] {
             if let Some(value) = value {
                 text.push_str(&format!("{separator}{key}={}", percent_encode(&value)));
@@ -202,9 +210,22 @@ impl NbdUri {
             export: self.export.clone(),
             tls: self.tls,
             tls_certificates: certificates,
-            tls_hostname: self.tls_hostname.clone(),
+            tls_hostname: hostname,
             text,
         }
+    }
+
+    /// Where the export is, whatever the connection's settings: the canonical URI without
+    /// TLS parameters, its scheme `nbd` or `nbd+unix`. One export reached with TLS or without,
+    /// or with another certificates folder, is one export (locks, `volume add`'s duplicates).
+    pub fn address(&self) -> String {
+        let plain = NbdUri {
+            tls: false,
+            tls_certificates: None,
+            tls_hostname: None,
+            ..self.clone()
+        };
+        plain.canonical().to_string()
     }
 }
 
@@ -283,6 +304,9 @@ impl Query {
                 .split_once('=')
                 .ok_or_else(|| format!("query parameter {pair:?} has no value"))?;
             let value = percent_decode(value)?;
+            if value.is_empty() {
+                return Err(format!("{key}= has an empty value"));
+            }
             if key.starts_with("tls-") && !tls {
                 return Err(format!("{key}= belongs to nbds:// URIs (TLS)"));
             }
@@ -412,6 +436,28 @@ mod tests {
             "nbds+unix:///e?socket=/s&tls-certificates=/c&tls-hostname=srv"
         );
         assert_eq!(unix.tls_settings().unwrap().server_name, "srv");
+        let upper = NbdUri::parse("nbds://h/e?tls-certificates=/c&tls-hostname=SRV.example")
+            .unwrap()
+            .canonical();
+        assert_eq!(upper.tls_settings().unwrap().server_name, "srv.example");
+        // One export with or without TLS, with any certificates folder: one address.
+        let plain = NbdUri::parse("nbd://H:10809/e").unwrap();
+        assert_eq!(upper.address(), "nbd://h:10809/e");
+        assert_eq!(plain.address(), upper.address());
+        assert_eq!(unix.address(), "nbd+unix:///e?socket=/s");
+    }
+
+    #[test]
+    fn the_certificates_folder_is_kept_as_given_links_and_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("pki-2026");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("pki");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let u = NbdUri::parse(&format!("nbds://h/e?tls-certificates={}", link.display()))
+            .unwrap()
+            .canonical();
+        assert_eq!(u.tls_certificates.as_deref(), Some(link.as_path()));
     }
 
     #[test]
@@ -435,6 +481,8 @@ mod tests {
                 "tls-hostname",
             ),
             ("nbds://h/?tls-certificates=/x&tls-certificates=/y", "twice"),
+            ("nbds://h/?tls-certificates=/x&tls-hostname=", "empty value"),
+            ("nbds://h/?tls-certificates=/x#frag", "fragment"),
             ("nbd://h/?frob=1", "unsupported query"),
             ("nbd://h/%zz", "percent"),
             ("nbd://[::1/", "IPv6"),
