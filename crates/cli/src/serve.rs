@@ -78,7 +78,8 @@ pub struct ServeArgs {
     /// benchmarks and demos
     #[arg(long)]
     emulate_hdd: bool,
-    /// Where a volume's backing device is now, if not at its recorded path (repeatable). A
+    /// Where a volume's backing device is now, if not at its recorded path (repeatable); PATH
+    /// may be an NBD URI (a volume created with nbds:// takes only an nbds:// one). A
     /// device named here that cannot be opened or is not the recorded one refuses the start.
     /// A volume whose recorded device (or the config file's [backing] one) is absent or is
     /// another device is offline instead (not served, its data kept in the cache) while the
