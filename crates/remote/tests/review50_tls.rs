@@ -12,25 +12,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ssdcache_nbd::proto::*;
-use ssdcache_nbd::tls::{CA_CERT, CLIENT_CERT, CLIENT_KEY, SERVER_CERT, SERVER_KEY};
 use ssdcache_nbd::TlsConfig;
 use ssdcache_remote::{NbdDevice, NbdUri, RemoteConfig};
-
-fn make_pki(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    std::fs::write(dir.join(CA_CERT), ca.pem()).unwrap();
-    for (cert_file, key_file) in [(SERVER_CERT, SERVER_KEY), (CLIENT_CERT, CLIENT_KEY)] {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-        std::fs::write(dir.join(cert_file), cert.pem()).unwrap();
-        std::fs::write(dir.join(key_file), key.serialize_pem()).unwrap();
-    }
-}
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -195,6 +178,8 @@ fn a_server_silent_after_the_tls_handshake() {
 }
 
 mod common;
+
+use common::make_pki;
 
 struct SlowWrites(Duration);
 

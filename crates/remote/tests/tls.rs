@@ -9,30 +9,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use ssdcache_device::BlockDevice;
-use ssdcache_nbd::tls::{CA_CERT, CLIENT_CERT, CLIENT_KEY, SERVER_CERT, SERVER_KEY};
+use ssdcache_nbd::tls::{CA_CERT, CLIENT_CERT};
 use ssdcache_nbd::TlsConfig;
 use ssdcache_remote::{NbdDevice, NbdUri, RemoteConfig};
 
 mod common;
 
-use common::{Store, BLOCK, SIZE};
-
-/// A CA, a server certificate for localhost signed by it, and a client certificate, in `dir`.
-fn make_pki(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    std::fs::write(dir.join(CA_CERT), ca.pem()).unwrap();
-    for (cert_file, key_file) in [(SERVER_CERT, SERVER_KEY), (CLIENT_CERT, CLIENT_KEY)] {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-        std::fs::write(dir.join(cert_file), cert.pem()).unwrap();
-        std::fs::write(dir.join(key_file), key.serialize_pem()).unwrap();
-    }
-}
+use common::{make_pki, Store, BLOCK, SIZE};
 
 fn quick() -> RemoteConfig {
     RemoteConfig {

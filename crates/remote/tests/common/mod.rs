@@ -149,3 +149,22 @@ impl Drop for Store {
         self.crash();
     }
 }
+
+/// A CA, a server certificate for localhost signed by it, and a client certificate, in `dir`
+/// (the file names qemu's tls-creds-x509 and ssdcache's TLS settings read).
+pub fn make_pki(dir: &Path) {
+    use ssdcache_nbd::tls::{CA_CERT, CLIENT_CERT, CLIENT_KEY, SERVER_CERT, SERVER_KEY};
+    std::fs::create_dir_all(dir).unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join(CA_CERT), ca.pem()).unwrap();
+    for (cert_file, key_file) in [(SERVER_CERT, SERVER_KEY), (CLIENT_CERT, CLIENT_KEY)] {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        std::fs::write(dir.join(cert_file), cert.pem()).unwrap();
+        std::fs::write(dir.join(key_file), key.serialize_pem()).unwrap();
+    }
+}
